@@ -1,0 +1,24 @@
+"""lazykern: lazy symbolic kernels on KeOps.
+
+Additive GP kernels and empirical neural tangent kernels as symbolic reductions that never form
+N x M x d (nor, unless it fits a memory budget, N x M).
+"""
+
+from . import formulas, kernels, operators, settings
+from .kernels import AdditiveStructureKernel, MaternKernel, PeriodicKernel, RBFKernel, RQKernel
+from .operators import LazyKernelOperator
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AdditiveStructureKernel",
+    "LazyKernelOperator",
+    "MaternKernel",
+    "PeriodicKernel",
+    "RBFKernel",
+    "RQKernel",
+    "formulas",
+    "kernels",
+    "operators",
+    "settings",
+]

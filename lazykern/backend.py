@@ -1,0 +1,119 @@
+"""Which engine evaluates a kernel formula, and how.
+
+Two engines evaluate the same formula (:mod:`lazykern.formulas`):
+
+* **KeOps**: the inputs are wrapped as ``LazyTensor`` and the reduction is compiled once per formula;
+  memory is O((N + M) * D), nothing pairwise is ever stored.
+* **torch**: row blocks of the pairwise expression are evaluated densely, at most
+  :class:`lazykern.settings.chunk_bytes` at a time, and checkpointed under autograd so the backward
+  pass recomputes blocks instead of keeping them.
+
+Parameters arrive with ``(*batch, 1, K)`` shapes (the ``KernelLinearOperator`` convention); this
+module inserts the pairwise axis.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from . import settings
+from .keops import keops_lazy_tensor, keops_session
+
+Formula = Callable[..., object]
+
+__all__ = ["use_keops", "pairwise_matmul", "pairwise_dense", "elementwise"]
+
+
+def use_keops(n: int, m: int) -> bool:
+    """Whether a pairwise reduction of an ``n`` x ``m`` kernel runs on KeOps under current settings."""
+    choice = settings.engine.value()
+    if choice != "auto":
+        return choice == "keops"
+    threshold = settings.keops_min_size.value()
+    return n >= threshold and m >= threshold
+
+
+def _pairwise_params(params: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    return {name: p.unsqueeze(-3) for name, p in params.items()}
+
+
+def _padded_columns(c: int) -> int:
+    # KeOps compiles one reduction per number of right-hand-side columns; rounding the count up to a
+    # short ladder bounds the compiles (CG and Lanczos ask for many different counts). The extra zero
+    # columns cost a multiply-add per pair, against D exponentials per pair for the kernel itself.
+    if c <= 8:
+        return 1 << (c - 1).bit_length()
+    return -(-c // 16) * 16
+
+
+def _keops_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
+    c = rhs.shape[-1]
+    padded = _padded_columns(c)
+    if padded != c:
+        rhs = torch.nn.functional.pad(rhs, (0, padded - c))
+    with keops_session():
+        K = formula(
+            keops_lazy_tensor(x1.unsqueeze(-2)),
+            keops_lazy_tensor(x2.unsqueeze(-3)),
+            **{n: keops_lazy_tensor(p) for n, p in _pairwise_params(params).items()},
+        )
+        out = K @ rhs.contiguous()
+    return out[..., :c]
+
+
+def _rows_per_chunk(m: int, d: int, itemsize: int) -> int:
+    return max(1, settings.chunk_bytes.value() // max(1, m * d * itemsize))
+
+
+def _torch_block(formula: Formula, x1: Tensor, x2: Tensor, names: tuple[str, ...], *rest: Tensor) -> Tensor:
+    params = dict(zip(names, rest[: len(names)]))
+    K = formula(x1.unsqueeze(-2), x2.unsqueeze(-3), **_pairwise_params(params))
+    return K @ rest[-1] if len(rest) > len(names) else K
+
+
+def _torch_rowwise(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor | None) -> Tensor:
+    names = tuple(params)
+    tensors = tuple(params.values()) + (() if rhs is None else (rhs,))
+    step = _rows_per_chunk(x2.shape[-2], x2.shape[-1], x2.element_size())
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x1, x2, *tensors))
+    blocks = []
+    for start in range(0, x1.shape[-2], step):
+        x1_block = x1[..., start : start + step, :]
+        if needs_grad:
+            # Recompute the block in backward instead of keeping its rows x M x D intermediates.
+            blocks.append(checkpoint(_torch_block, formula, x1_block, x2, names, *tensors, use_reentrant=False))
+        else:
+            blocks.append(_torch_block(formula, x1_block, x2, names, *tensors))
+    return torch.cat(blocks, dim=-2)
+
+
+def _broadcast_rhs(x1: Tensor, rhs: Tensor) -> Tensor:
+    batch = torch.broadcast_shapes(x1.shape[:-2], rhs.shape[:-2])
+    return rhs.expand(*batch, *rhs.shape[-2:])
+
+
+def pairwise_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
+    """``K(x1, x2) @ rhs`` without storing K. ``x1``: (..., N, D), ``x2``: (..., M, D), ``rhs``: (..., M, C)."""
+    vector = rhs.dim() == 1
+    if vector:
+        rhs = rhs.unsqueeze(-1)
+    rhs = _broadcast_rhs(x1, rhs)
+    if use_keops(x1.shape[-2], x2.shape[-2]):
+        out = _keops_matmul(formula, x1, x2, params, rhs)
+    else:
+        out = _torch_rowwise(formula, x1, x2, params, rhs)
+    return out.squeeze(-1) if vector else out
+
+
+def pairwise_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
+    """The (..., N, M) kernel matrix, built in row blocks so N x M x D never exists."""
+    return _torch_rowwise(formula, x1, x2, params, None)
+
+
+def elementwise(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
+    """``k(x1[..., i, :], x2[..., i, :])`` for each i, in O(N * D): diagonals and gathered entries."""
+    return formula(x1, x2, **params)

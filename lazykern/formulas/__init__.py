@@ -1,0 +1,10 @@
+"""Pure kernel formulas.
+
+A formula is a function of pairwise-expanded inputs and tensor parameters. The same code runs on
+KeOps ``LazyTensor`` objects (symbolic, never stored) and on ``torch.Tensor`` blocks (dense, in
+chunks), because both share torch's operator syntax. Nothing here imports GPyTorch.
+"""
+
+from .stationary import StationaryFormula, PROFILES
+
+__all__ = ["StationaryFormula", "PROFILES"]

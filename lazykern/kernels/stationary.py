@@ -1,0 +1,88 @@
+"""From a GPyTorch-style stationary kernel to a formula, its inputs and its tensor parameters.
+
+This is the bridge that lets lazykern's kernels *and* GPyTorch's own ``RBFKernel``,
+``MaternKernel``, ``RQKernel`` and ``PeriodicKernel`` drive the same formulas with their own,
+trainable hyperparameters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gpytorch
+from gpytorch.kernels import Kernel
+from torch import Tensor
+
+from ..formulas import StationaryFormula
+from ..formulas.stationary import MATERN_NUS
+from ..operators import LazyKernelOperator
+from ..validation import check_kernel_inputs
+
+SUPPORTED_BASES = (
+    gpytorch.kernels.RBFKernel,
+    gpytorch.kernels.MaternKernel,
+    gpytorch.kernels.RQKernel,
+    gpytorch.kernels.PeriodicKernel,
+)
+
+
+def formula_for(kernel: Kernel, additive: bool) -> StationaryFormula:
+    """The formula of a supported base kernel (raises ``TypeError`` for any other kernel)."""
+    if isinstance(kernel, gpytorch.kernels.RBFKernel):
+        return StationaryFormula("rbf", additive)
+    if isinstance(kernel, gpytorch.kernels.MaternKernel):
+        if kernel.nu not in MATERN_NUS:
+            raise ValueError(f"nu must be one of {MATERN_NUS}, got {kernel.nu!r}")
+        return StationaryFormula("matern", additive, nu=float(kernel.nu))
+    if isinstance(kernel, gpytorch.kernels.RQKernel):
+        return StationaryFormula("rq", additive)
+    if isinstance(kernel, gpytorch.kernels.PeriodicKernel):
+        return StationaryFormula("periodic", additive)
+    names = ", ".join(f"{c.__module__}.{c.__name__}" for c in SUPPORTED_BASES)
+    raise TypeError(f"base_kernel must be one of {names} (or lazykern's), got {type(kernel).__name__}")
+
+
+def _per_dimension(name: str, value: Tensor, d: int) -> Tensor:
+    if value.shape[-1] not in (1, d):
+        raise ValueError(f"{name} has {value.shape[-1]} entries per batch but the inputs have {d} features")
+    return value.expand(*value.shape[:-1], d)
+
+
+def formula_inputs(kernel: Kernel, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """Transform inputs and gather tensor parameters for ``formula_for(kernel, ...)``.
+
+    Shared lengthscales are expanded to one per dimension, so shared and per-dimension
+    lengthscales run the *same* compiled formula (gradients flow back through the expand).
+    """
+    d = x1.shape[-1]
+    lengthscale = _per_dimension("lengthscale", kernel.lengthscale, d)
+    if isinstance(kernel, gpytorch.kernels.PeriodicKernel):
+        period = _per_dimension("period_length", kernel.period_length, d) / math.pi
+        return x1 / period, x2 / period, {"weights": 2.0 / lengthscale}
+    params = {}
+    if isinstance(kernel, gpytorch.kernels.RQKernel):
+        params["alpha"] = kernel.alpha.unsqueeze(-1)
+    return x1 / lengthscale, x2 / lengthscale, params
+
+
+def check_no_last_dim_is_batch(kernel: Kernel, last_dim_is_batch: bool) -> None:
+    if last_dim_is_batch:
+        raise ValueError(
+            f"{type(kernel).__name__} does not take last_dim_is_batch=True; for a sum over dimensions use "
+            "lazykern.kernels.AdditiveStructureKernel, which never forms the d x N x N batch"
+        )
+
+
+class LazyStationaryKernel(Kernel):
+    """Mixin: ``forward`` of a full-dimensional stationary kernel as one lazy formula."""
+
+    def forward(
+        self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params
+    ) -> LazyKernelOperator | Tensor:
+        check_no_last_dim_is_batch(self, last_dim_is_batch)
+        ard = self.ard_num_dims if self.ard_num_dims not in (None, 1) else None
+        check_kernel_inputs(x1, x2, num_dims=ard, dtype=self.lengthscale.dtype)
+        x1_, x2_, tensor_params = formula_inputs(self, x1, x2)
+        op = LazyKernelOperator(x1_, x2_, covar_func=formula_for(self, additive=False), **tensor_params)
+        return op.diagonal(dim1=-2, dim2=-1) if diag else op
+

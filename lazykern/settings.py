@@ -1,0 +1,157 @@
+"""Global switches for lazykern, in the style of :mod:`gpytorch.settings`.
+
+Each setting has a process-wide default, readable with ``setting.value()``, and can be changed
+for a block of code with ``with setting(value): ...`` (restored on exit, also on error) or for
+the whole process with ``setting.set_global(value)``.
+
+Example:
+    >>> import lazykern
+    >>> with lazykern.settings.engine("torch"):
+    ...     pass  # every kernel reduction in this block runs on the chunked torch engine
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, ClassVar
+
+__all__ = ["engine", "keops_min_size", "chunk_bytes", "max_dense_bytes"]
+
+
+class _Setting:
+    """A value with a global default and a thread-local stack of context overrides."""
+
+    _default: ClassVar[Any] = None
+    _global: ClassVar[Any] = None
+    _local: ClassVar[threading.local]
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        cls._local = threading.local()
+
+    def __init__(self, value: Any) -> None:
+        self._value = self._validate(value)
+
+    @classmethod
+    def _validate(cls, value: Any) -> Any:
+        return value
+
+    @classmethod
+    def _stack(cls) -> list:
+        if not hasattr(cls._local, "stack"):
+            cls._local.stack = []
+        return cls._local.stack
+
+    @classmethod
+    def value(cls) -> Any:
+        stack = cls._stack()
+        if stack:
+            return stack[-1]
+        return cls._default_value() if cls._global is None else cls._global
+
+    @classmethod
+    def _default_value(cls) -> Any:
+        return cls._default
+
+    @classmethod
+    def set_global(cls, value: Any) -> None:
+        """Change the process-wide value (``None`` restores the documented default)."""
+        cls._global = None if value is None else cls._validate(value)
+
+    def __enter__(self) -> "_Setting":
+        self._stack().append(self._value)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack().pop()
+
+
+def _non_negative_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"lazykern.settings.{name} expects a non-negative int, got {value!r}")
+    return value
+
+
+class engine(_Setting):
+    """Which engine evaluates kernel reductions (matvecs).
+
+    * ``"auto"`` (default): KeOps when both sides have at least :class:`keops_min_size` points,
+      else the chunked torch engine;
+    * ``"keops"``: always the symbolic KeOps reduction;
+    * ``"torch"``: always the chunked torch engine (bounded by :class:`chunk_bytes`).
+
+    Both engines evaluate the same formula and agree to rounding.
+    """
+
+    _default = "auto"
+    _choices = ("auto", "keops", "torch")
+
+    @classmethod
+    def _validate(cls, value: Any) -> str:
+        if value not in cls._choices:
+            raise ValueError(f"lazykern.settings.engine expects one of {cls._choices}, got {value!r}")
+        return value
+
+
+class keops_min_size(_Setting):
+    """Smallest number of points on *both* sides of a kernel matrix for which ``engine="auto"``
+    uses KeOps (default 512). Below it, compiling and launching a KeOps reduction costs more
+    than the chunked torch engine."""
+
+    _default = 512
+
+    @classmethod
+    def _validate(cls, value: Any) -> int:
+        return _non_negative_int("keops_min_size", value)
+
+
+class chunk_bytes(_Setting):
+    """Upper bound, in bytes, on the pairwise intermediate (rows x columns x dimensions) that the
+    torch engine holds at once (default 32 MiB). This is what keeps the torch engine from ever
+    holding N x M x d."""
+
+    _default = 32 * 2**20
+
+    @classmethod
+    def _validate(cls, value: Any) -> int:
+        value = _non_negative_int("chunk_bytes", value)
+        if value == 0:
+            raise ValueError("lazykern.settings.chunk_bytes must be positive, got 0")
+        return value
+
+
+class max_dense_bytes(_Setting):
+    """Largest N x M kernel matrix, in bytes, that an operator may form once (blockwise, never
+    N x M x d) to serve its matvecs by BLAS. ``0`` means always lazy.
+
+    Default: a quarter of the memory available when first asked (``MemAvailable`` on Linux),
+    so that the dense matrix plus the solver's work space stays well inside memory.
+    """
+
+    _default = None
+
+    @classmethod
+    def _validate(cls, value: Any) -> int:
+        return _non_negative_int("max_dense_bytes", value)
+
+    @classmethod
+    def _default_value(cls) -> int:
+        if cls._default is None:
+            cls._default = _available_memory_bytes() // 4
+        return cls._default
+
+
+def _available_memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    # Off Linux there is no MemAvailable: fall back to physical memory (POSIX), else stay lazy.
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
