@@ -9,7 +9,8 @@ Two engines evaluate the same formula (:mod:`lazykern.formulas`):
   pass recomputes blocks instead of keeping them.
 
 Parameters arrive with ``(*batch, 1, K)`` shapes (the ``KernelLinearOperator`` convention); this
-module inserts the pairwise axis.
+module inserts the pairwise axis. Formulas return a trailing axis of size 1 per pair (as KeOps does),
+which the torch engine drops.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def _rows_per_chunk(m: int, d: int, itemsize: int) -> int:
 
 def _torch_block(formula: Formula, x1: Tensor, x2: Tensor, names: tuple[str, ...], *rest: Tensor) -> Tensor:
     params = dict(zip(names, rest[: len(names)]))
-    K = formula(x1.unsqueeze(-2), x2.unsqueeze(-3), **_pairwise_params(params))
+    K = formula(x1.unsqueeze(-2), x2.unsqueeze(-3), **_pairwise_params(params)).squeeze(-1)
     return K @ rest[-1] if len(rest) > len(names) else K
 
 
@@ -116,4 +117,4 @@ def pairwise_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str
 
 def elementwise(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
     """``k(x1[..., i, :], x2[..., i, :])`` for each i, in O(N * D): diagonals and gathered entries."""
-    return formula(x1, x2, **params)
+    return formula(x1, x2, **params).squeeze(-1)

@@ -16,7 +16,9 @@ reduction never forms N x M x d, nor N x M.
 
 Shapes: ``x1`` is ``(..., N, 1, D)`` and ``x2`` is ``(..., 1, M, D)`` (pairwise), or both
 ``(..., N, D)`` (elementwise, for diagonals and gathered entries); parameters broadcast against
-them with a trailing ``D`` or ``1``.
+them with a trailing ``D`` or ``1``. Like a KeOps expression, the result keeps a trailing axis of
+size 1 (one value per pair), so scalar parameters such as ``alpha`` broadcast the same way before
+and after the sum over dimensions.
 """
 
 from __future__ import annotations
@@ -25,10 +27,17 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
+
 # sqrt(q + eps) instead of sqrt(q): d sqrt/dq is infinite at q = 0, and inf * 0 = nan would poison
 # gradients at coincident points (every diagonal entry of K(X, X)). eps is far below float32
 # resolution of any distance, and a normal float32 number, so flush-to-zero leaves it alone.
 _SQRT_EPS = 1e-30
+
+
+def _sum_last(q: Any) -> Any:
+    # KeOps' .sum(-1) keeps a (size-1) inner dimension; keep it on torch tensors too.
+    return q.sum(-1, keepdim=True) if isinstance(q, torch.Tensor) else q.sum(-1)
 
 
 def _rbf(q: Any) -> Any:
@@ -85,7 +94,7 @@ class StationaryFormula:
         >>> x = torch.randn(5, 3)
         >>> K = f(x[:, None, :], x[None, :, :], scales=torch.ones(1, 1, 3))
         >>> K.shape
-        torch.Size([5, 5])
+        torch.Size([5, 5, 1])
     """
 
     family: str
@@ -126,5 +135,5 @@ class StationaryFormula:
     def __call__(self, x1: Any, x2: Any, **params: Any) -> Any:
         q = self.terms(x1, x2, params.get("weights"))
         if self.additive:
-            return (params["scales"] * self.profile(q, **params)).sum(-1)
-        return self.profile(q.sum(-1), **params)
+            return _sum_last(params["scales"] * self.profile(q, **params))
+        return self.profile(_sum_last(q), **params)

@@ -99,3 +99,9 @@ class PeriodicKernel(LazyStationaryKernel, gpytorch.kernels.PeriodicKernel):
         >>> kernel(torch.randn(10, 1)).to_dense().shape
         torch.Size([10, 10])
     """
+
+    def __init__(self, **kwargs) -> None:
+        # GPyTorch's PeriodicKernel breaks on an explicit ard_num_dims=None; it means "shared".
+        if kwargs.get("ard_num_dims", 0) is None:
+            del kwargs["ard_num_dims"]
+        super().__init__(**kwargs)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from linear_operator.operators import KernelLinearOperator
@@ -36,9 +36,6 @@ class LazyKernelOperator(KernelLinearOperator):
         >>> (K @ torch.ones(100, 1, dtype=torch.float64)).shape
         torch.Size([100, 1])
     """
-
-    def __init__(self, x1: Tensor, x2: Tensor, covar_func: Callable[..., Any], **kwargs: Any) -> None:
-        super().__init__(x1, x2, covar_func=covar_func, **kwargs)
 
     # ------------------------------------------------------------------ reductions
     def _needs_grad(self, rhs: Tensor) -> bool:

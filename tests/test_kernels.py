@@ -1,0 +1,240 @@
+"""Lazy kernels against dense references from the math: values and gradients, both engines, float64."""
+
+from __future__ import annotations
+
+import gpytorch
+import pytest
+import torch
+
+import lazykern
+from lazykern import settings
+
+from . import reference
+
+D = 3
+N, M = 23, 17  # small: the KeOps engine is forced explicitly, so the size threshold does not matter here
+FAMILIES = ["rbf", "matern0.5", "matern1.5", "matern2.5", "rq", "periodic"]
+ENGINES = ["torch", "keops"]
+
+
+def make_base(family: str, ard: bool, batch_shape=torch.Size()) -> gpytorch.kernels.Kernel:
+    kw = dict(ard_num_dims=D if ard else None, batch_shape=batch_shape)
+    if family.startswith("matern"):
+        base = lazykern.MaternKernel(nu=float(family[len("matern") :]), **kw)
+    else:
+        base = {"rbf": lazykern.RBFKernel, "rq": lazykern.RQKernel, "periodic": lazykern.PeriodicKernel}[family](**kw)
+    base = base.double()
+    # Distinct, non-default hyperparameters so that a mix-up between dimensions or parameters shows.
+    shape = base.raw_lengthscale.shape
+    base.lengthscale = torch.linspace(0.6, 1.7, shape[-1], dtype=torch.float64).expand(shape)
+    if family == "rq":
+        base.alpha = torch.full_like(base.alpha, 1.3)
+    if family == "periodic":
+        base.period_length = torch.linspace(1.1, 2.3, shape[-1], dtype=torch.float64).expand(shape)
+    return base
+
+
+def reference_of(kernel: gpytorch.kernels.Kernel, x1, x2, diag=False):
+    additive = isinstance(kernel, lazykern.AdditiveStructureKernel)
+    base = kernel.base_kernel if additive else kernel
+    family = type(base).__name__.replace("Kernel", "").lower()
+    return reference.kernel(
+        family,
+        x1,
+        x2,
+        base.lengthscale,
+        additive=additive,
+        scales=kernel.component_scales if additive else None,
+        nu=getattr(base, "nu", None),
+        alpha=getattr(base, "alpha", None),
+        period=getattr(base, "period_length", None),
+        diag=diag,
+    )
+
+
+def make_kernel(family: str, structure: str, batch_shape=torch.Size()):
+    """structure: 'full-shared', 'full-ard', 'additive-shared', 'additive-ard', 'additive-ard-scales'."""
+    base = make_base(family, ard="ard" in structure, batch_shape=batch_shape)
+    if structure.startswith("full"):
+        return base
+    kernel = lazykern.AdditiveStructureKernel(base, num_dims=D, component_scales=structure.endswith("scales")).double()
+    if structure.endswith("scales"):
+        kernel.component_scales = torch.linspace(0.5, 2.0, D, dtype=torch.float64).expand_as(kernel.component_scales)
+    return kernel
+
+
+STRUCTURES = ["full-shared", "full-ard", "additive-shared", "additive-ard", "additive-ard-scales"]
+
+
+def _inputs(*batch):
+    x1 = torch.randn(*batch, N, D, dtype=torch.float64, requires_grad=True)
+    x2 = torch.randn(*batch, M, D, dtype=torch.float64, requires_grad=True)
+    return x1, x2
+
+
+def _grads(out: torch.Tensor, weights: torch.Tensor, tensors):
+    return torch.autograd.grad((out * weights).sum(), tensors)
+
+
+def assert_close(actual, expected, rtol=1e-10):
+    scale = expected.abs().max().clamp_min(1e-300)
+    err = (actual - expected).abs().max() / scale
+    assert err <= rtol, f"relative error {err.item():.3e} > {rtol}"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("structure", STRUCTURES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_matvec_values_and_gradients(family, structure, engine):
+    kernel = make_kernel(family, structure)
+    x1, x2 = _inputs()
+    rhs = torch.randn(M, 2, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(N, 2, dtype=torch.float64)
+    params = [p for p in kernel.parameters()]
+    with settings.engine(engine), settings.max_dense_bytes(0):
+        out = kernel(x1, x2) @ rhs
+        grads = _grads(out, weights, [x1, x2, rhs, *params])
+    expected = reference_of(kernel, x1, x2) @ rhs
+    expected_grads = _grads(expected, weights, [x1, x2, rhs, *params])
+    assert_close(out, expected)
+    for g, e in zip(grads, expected_grads):
+        assert_close(g, e)
+
+
+@pytest.mark.parametrize("structure", ["full-ard", "additive-ard-scales"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_diag_and_dense(family, structure):
+    kernel = make_kernel(family, structure)
+    x1 = torch.randn(N, D, dtype=torch.float64, requires_grad=True)
+    x2 = torch.randn(N, D, dtype=torch.float64, requires_grad=True)
+    params = list(kernel.parameters())
+    diag = kernel(x1, x2, diag=True)
+    expected = reference_of(kernel, x1, x2, diag=True)
+    assert diag.shape == (N,)
+    assert_close(diag, expected)
+    w = torch.randn(N, dtype=torch.float64)
+    for g, e in zip(_grads(diag, w, [x1, x2, *params]), _grads(expected, w, [x1, x2, *params])):
+        assert_close(g, e)
+    dense = kernel(x1, x2).to_dense()
+    assert_close(dense, reference_of(kernel, x1, x2))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_batch_shape(engine):
+    kernel = make_kernel("rbf", "additive-ard-scales", batch_shape=torch.Size([2]))
+    x1, x2 = _inputs(2)
+    rhs = torch.randn(2, M, 2, dtype=torch.float64)
+    weights = torch.randn(2, N, 2, dtype=torch.float64)
+    params = list(kernel.parameters())
+    with settings.engine(engine), settings.max_dense_bytes(0):
+        op = kernel(x1, x2)
+        assert op.shape == (2, N, M)
+        out = op @ rhs
+        grads = _grads(out, weights, [x1, x2, *params])
+    expected = reference_of(kernel, x1, x2) @ rhs
+    assert_close(out, expected)
+    for g, e in zip(grads, _grads(expected, weights, [x1, x2, *params])):
+        assert_close(g, e)
+    assert_close(kernel(x1, x1, diag=True), reference_of(kernel, x1, x1, diag=True))
+
+
+def test_auto_engine_dispatches_on_size(monkeypatch):
+    from lazykern import backend
+
+    calls = []
+    monkeypatch.setattr(backend, "_keops_matmul", lambda *a: calls.append("keops") or backend._torch_rowwise(*a))
+    kernel = make_kernel("rbf", "additive-ard")
+    x_small, x_large = torch.randn(20, D, dtype=torch.float64), torch.randn(40, D, dtype=torch.float64)
+    rhs = torch.randn(40, 1, dtype=torch.float64)
+    with settings.keops_min_size(30), settings.max_dense_bytes(0):
+        kernel(x_small, x_large) @ rhs
+        assert calls == []
+        kernel(x_large, x_large) @ rhs
+        assert calls == ["keops"]
+
+
+def test_gradcheck_torch_engine():
+    kernel = make_kernel("matern1.5", "additive-ard-scales")
+    x1, x2 = _inputs()
+    rhs = torch.randn(M, 1, dtype=torch.float64)
+    ls = kernel.base_kernel.raw_lengthscale
+
+    def f(a, b, raw):
+        kernel.base_kernel.raw_lengthscale.data.copy_(raw.detach())
+        base = kernel.base_kernel
+        scaled = lambda x: x / torch.nn.functional.softplus(raw)  # noqa: E731
+        from lazykern.operators import LazyKernelOperator
+
+        op = LazyKernelOperator(
+            scaled(a), scaled(b), covar_func=kernel.formula, scales=kernel.component_scales.detach()
+        )
+        del base
+        return op @ rhs
+
+    with settings.engine("torch"):
+        assert torch.autograd.gradcheck(f, (x1, x2, ls.detach().clone().requires_grad_()))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("family", ["matern0.5", "matern1.5", "matern2.5"])
+def test_matern_gradients_finite_at_coincident_points(family, engine):
+    kernel = make_kernel(family, "full-ard")
+    additive = make_kernel(family, "additive-ard")
+    x = torch.randn(N, D, dtype=torch.float64, requires_grad=True)
+    rhs = torch.randn(N, 2, dtype=torch.float64)
+    for k in (kernel, additive):
+        with settings.engine(engine), settings.max_dense_bytes(0):
+            out = k(x, x) @ rhs
+            grads = torch.autograd.grad(out.sum(), [x, *k.parameters()])
+        assert all(torch.isfinite(g).all() for g in grads)
+        assert_close(out, reference_of(k, x, x) @ rhs, rtol=1e-12)
+
+
+def test_get_indices_and_rows():
+    kernel = make_kernel("rq", "additive-ard-scales")
+    x = torch.randn(N, D, dtype=torch.float64)
+    op, dense = kernel(x), reference_of(kernel, x, x)
+    rows, cols = torch.tensor([0, 5, 7]), torch.tensor([3, 5, 1])
+    assert_close(op[rows, cols], dense[rows, cols])
+    assert_close(op[2:9].to_dense(), dense[2:9])
+    assert_close(op.diagonal(), dense.diagonal())
+
+
+def test_non_contiguous_inputs():
+    kernel = make_kernel("periodic", "additive-ard-scales")
+    x1 = torch.randn(D, N, dtype=torch.float64).t()
+    x2 = torch.randn(M, 2 * D, dtype=torch.float64)[:, ::2]
+    rhs = torch.randn(M, 2, dtype=torch.float64)
+    for engine in ENGINES:
+        with settings.engine(engine), settings.max_dense_bytes(0):
+            assert_close(kernel(x1, x2) @ rhs, reference_of(kernel, x1, x2) @ rhs)
+
+
+def test_accepts_gpytorch_base_kernels_and_trains_their_hyperparameters():
+    base = gpytorch.kernels.MaternKernel(nu=1.5, ard_num_dims=D).double()
+    kernel = lazykern.AdditiveStructureKernel(base, num_dims=D)
+    x = torch.randn(N, D, dtype=torch.float64)
+    out = (kernel(x) @ torch.ones(N, 1, dtype=torch.float64)).sum()
+    out.backward()
+    assert base.raw_lengthscale.grad is not None and base.raw_lengthscale.grad.abs().sum() > 0
+    assert_close(kernel(x).to_dense(), reference_of(kernel, x, x))
+
+
+def test_active_dims_select_columns():
+    base = lazykern.RBFKernel(ard_num_dims=D).double()
+    kernel = lazykern.AdditiveStructureKernel(base, num_dims=D, active_dims=(0, 2, 4))
+    x = torch.randn(N, 5, dtype=torch.float64)
+    assert_close(kernel(x).to_dense(), reference_of(kernel, x[:, [0, 2, 4]], x[:, [0, 2, 4]]))
+
+
+def test_float32_matches_float64():
+    kernel = make_kernel("rbf", "additive-ard-scales")
+    x = torch.randn(N, D, dtype=torch.float64)
+    rhs = torch.randn(N, 2, dtype=torch.float64)
+    expected = reference_of(kernel, x, x) @ rhs
+    kernel32 = kernel.float()
+    for engine in ENGINES:
+        with settings.engine(engine), settings.max_dense_bytes(0):
+            out = kernel32(x.float()) @ rhs.float()
+        assert out.dtype == torch.float32
+        assert_close(out.double(), expected.detach(), rtol=1e-5)
