@@ -106,8 +106,11 @@ def test_pivoted_cholesky_preconditioner_with_any_max_cholesky_size(max_cholesky
     x, y = x.double(), y.double()
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
     model.train()
-    with settings.max_dense_bytes(0), gpytorch.settings.max_cholesky_size(max_cholesky_size):
-        gpytorch.settings.max_cg_iterations(30)
+    with (
+        settings.max_dense_bytes(0),
+        gpytorch.settings.max_cholesky_size(max_cholesky_size),
+        gpytorch.settings.max_cg_iterations(30),
+    ):
         loss = -mll(model(x), y)
         loss.backward()
     assert torch.isfinite(loss)
