@@ -4,7 +4,7 @@ Additive GP kernels and empirical neural tangent kernels as symbolic reductions 
 N x M x d (nor, unless it fits a memory budget, N x M).
 """
 
-from . import formulas, kernels, operators, settings
+from . import data, formulas, kernels, ntk, operators, regression, settings
 from .kernels import AdditiveStructureKernel, MaternKernel, PeriodicKernel, RBFKernel, RQKernel
 from .operators import LazyKernelOperator
 
@@ -17,8 +17,11 @@ __all__ = [
     "PeriodicKernel",
     "RBFKernel",
     "RQKernel",
+    "data",
     "formulas",
     "kernels",
+    "ntk",
     "operators",
+    "regression",
     "settings",
 ]
