@@ -7,6 +7,7 @@ N x M x d (nor, unless it fits a memory budget, N x M).
 from . import data, formulas, kernels, ntk, operators, regression, settings
 from .kernels import AdditiveStructureKernel, MaternKernel, PeriodicKernel, RBFKernel, RQKernel
 from .operators import LazyKernelOperator
+from .precompile import precompile
 
 __version__ = "0.1.0"
 
@@ -21,6 +22,7 @@ __all__ = [
     "formulas",
     "kernels",
     "ntk",
+    "precompile",
     "operators",
     "regression",
     "settings",

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from . import settings
-from .keops import keops_lazy_tensor, keops_session
+from .keops import keops_lazy_tensor, keops_session, padded_size
 
 Formula = Callable[..., object]
 
@@ -41,18 +41,9 @@ def _pairwise_params(params: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return {name: p.unsqueeze(-3) for name, p in params.items()}
 
 
-def _padded_columns(c: int) -> int:
-    # KeOps compiles one reduction per number of right-hand-side columns; rounding the count up to a
-    # short ladder bounds the compiles (CG and Lanczos ask for many different counts). The extra zero
-    # columns cost a multiply-add per pair, against D exponentials per pair for the kernel itself.
-    if c <= 8:
-        return 1 << (c - 1).bit_length()
-    return -(-c // 16) * 16
-
-
 def _keops_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
     c = rhs.shape[-1]
-    padded = _padded_columns(c)
+    padded = padded_size(c)
     if padded != c:
         rhs = torch.nn.functional.pad(rhs, (0, padded - c))
     with keops_session():

@@ -20,22 +20,14 @@ from torch import Tensor
 
 from .. import settings
 from ..formulas.ntk import factored_entry, factored_weights
-from ..keops import keops_lazy_tensor, keops_session
+from ..keops import keops_lazy_tensor, keops_session, padded_size
 from .features import Features
 
 __all__ = ["pairwise_matmul", "dense_blocks", "diagonal", "entries"]
 
 
-def _ladder(n: int) -> int:
-    # KeOps compiles one reduction per set of vector sizes; zero-padding sizes up to a short ladder
-    # bounds the number of compiles (zeros do not change dot products) at a few percent of flops.
-    if n <= 8:
-        return 1 << (n - 1).bit_length()
-    return -(-n // 16) * 16
-
-
 def _pad(t: Tensor) -> Tensor:
-    return F.pad(t, (0, _ladder(t.shape[-1]) - t.shape[-1]))
+    return F.pad(t, (0, padded_size(t.shape[-1]) - t.shape[-1]))
 
 
 def _rows_per_block(n2: int, width: int, itemsize: int) -> int:
