@@ -4,15 +4,17 @@ Additive GP kernels and empirical neural tangent kernels as symbolic reductions 
 N x M x d (nor, unless it fits a memory budget, N x M).
 """
 
-from . import data, formulas, kernels, ntk, operators, regression, settings
+from . import data, formulas, kernels, ntk, operators, regression, settings, solvers
 from .kernels import AdditiveStructureKernel, MaternKernel, PeriodicKernel, RBFKernel, RQKernel
 from .operators import LazyKernelOperator
 from .precompile import precompile
+from .solvers import KernelRidge
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AdditiveStructureKernel",
+    "KernelRidge",
     "LazyKernelOperator",
     "MaternKernel",
     "PeriodicKernel",
@@ -26,4 +28,5 @@ __all__ = [
     "operators",
     "regression",
     "settings",
+    "solvers",
 ]

@@ -9,13 +9,14 @@ import torch
 from linear_operator.operators import KernelLinearOperator
 from linear_operator.utils.memoize import cached
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import backend, settings
 
 
-#: id(x1) -> (weak refs to x1, x2 and the parameters, versions and formula, dense matrix). Keyed by
-#: identity (tensors compare elementwise) and dropped when x1 dies.
-_DENSE_CACHE: dict[int, tuple] = {}
+#: x1 -> (weak refs to x2 and the parameters, versions and formula, dense matrix). Keyed by identity
+#: (tensors compare elementwise) and dropped when x1 dies.
+_DENSE_CACHE = WeakIdKeyDictionary()
 
 
 class LazyKernelOperator(KernelLinearOperator):
@@ -57,18 +58,14 @@ class LazyKernelOperator(KernelLinearOperator):
     def _dense_no_grad(self) -> Tensor:
         # linear_operator rebuilds operators from their tensors inside Matmul/InvQuadLogdet, so a cache
         # on this object would be lost; key it on the tensors themselves (identity and version).
-        inputs = (self.x1, self.x2, *self.tensor_params.values())
-        key = (self.covar_func, tuple(t._version for t in inputs))
-        hit = _DENSE_CACHE.get(id(self.x1))
-        if hit is not None and hit[1] == key and all(r() is t for r, t in zip(hit[0], inputs)):
+        others = (self.x2, *self.tensor_params.values())
+        key = (self.covar_func, tuple(t._version for t in (self.x1, *others)))
+        hit = _DENSE_CACHE.get(self.x1)
+        if hit is not None and hit[1] == key and all(r() is t for r, t in zip(hit[0], others)):
             return hit[2]
         with torch.no_grad():
             dense = backend.pairwise_dense(self.covar_func, self.x1, self.x2, self.tensor_params)
-        x1_id = id(self.x1)
-        refs = (weakref.ref(self.x1, lambda _: _DENSE_CACHE.pop(x1_id, None)),) + tuple(
-            weakref.ref(t) for t in inputs[1:]
-        )
-        _DENSE_CACHE[x1_id] = (refs, key, dense)
+        _DENSE_CACHE[self.x1] = (tuple(weakref.ref(t) for t in others), key, dense)
         return dense
 
     def _matmul(self, rhs: Tensor) -> Tensor:

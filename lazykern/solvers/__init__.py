@@ -1,0 +1,18 @@
+"""Solvers on lazy kernels: batched preconditioned CG, preconditioners, kernel ridge regression.
+
+Everything here needs only ``A @ X``, the diagonal and a few rows of an operator, so a lazykern
+kernel operator is never formed as an N x N matrix.
+"""
+
+from .cg import CGResult, cg
+from .kernel_ridge import KernelRidge
+from .preconditioners import JacobiPreconditioner, PivotedCholeskyPreconditioner, Preconditioner
+
+__all__ = [
+    "CGResult",
+    "JacobiPreconditioner",
+    "KernelRidge",
+    "PivotedCholeskyPreconditioner",
+    "Preconditioner",
+    "cg",
+]
