@@ -399,9 +399,28 @@ def test_linear_operator_linear_cg_converges_with_lazy_operator():
 
 # ------------------------------------------------------------------------------------- KernelRidge
 
-# name -> (kernel factory, dense kernel function written from the math). The NTK
-# (lazykern.ntk.NTKKernel) joins this table once it lands.
+_NET = torch.nn.Sequential(
+    torch.nn.Linear(D, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.Linear(16, 2)
+).double()
+
+
+def dense_trace_ntk(x1, x2):
+    """sum_o <d f_o(x1)/d theta, d f_o(x2)/d theta>, by torch.func Jacobian contraction."""
+    params = {k: v.detach() for k, v in _NET.named_parameters()}
+
+    def jac(x):
+        j = torch.func.vmap(
+            torch.func.jacrev(lambda p, xi: torch.func.functional_call(_NET, p, (xi[None],))[0]), in_dims=(None, 0)
+        )(params, x)
+        return torch.cat([v.reshape(x.shape[0], 2, -1) for v in j.values()], dim=-1)
+
+    j1, j2 = jac(x1), jac(x2)
+    return torch.einsum("iop,jop->ij", j1, j2)
+
+
+# name -> (kernel factory, dense kernel function written from the math).
 KERNELS = {
+    "ntk": (lambda: lazykern.ntk.NTKKernel(_NET), dense_trace_ntk),
     "additive_rbf": (additive_rbf, dense_additive_rbf),
     "scaled_additive_rbf": (
         lambda: gpytorch.kernels.ScaleKernel(additive_rbf()).double().initialize(outputscale=2.5),
