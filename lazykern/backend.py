@@ -25,7 +25,7 @@ from .keops import keops_lazy_tensor, keops_session, padded_size
 
 Formula = Callable[..., object]
 
-__all__ = ["use_keops", "pairwise_matmul", "pairwise_dense", "elementwise"]
+__all__ = ["use_keops", "pairwise_matmul", "pairwise_dense", "elementwise", "symmetric_gradients"]
 
 
 def use_keops(n: int, m: int) -> bool:
@@ -54,6 +54,50 @@ def _keops_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str,
         )
         out = K @ rhs.contiguous()
     return out[..., :c]
+
+
+def symmetric_gradients(
+    formula: Formula, x: Tensor, params: Mapping[str, Tensor], left: Tensor, right: Tensor
+) -> tuple[Tensor | None, dict[str, Tensor | None]]:
+    r"""Gradients of :math:`\sum_{ij} \langle l_i, r_j\rangle k(x_i, x_j)` in ONE KeOps reduction.
+
+    For an even stationary formula, :math:`\partial k(x_i, x_j)/\partial x_j = -\partial k/\partial x_i`,
+    so the gradient with respect to both occurrences of ``x`` is
+    :math:`\sum_j (\langle l_i, r_j\rangle + \langle l_j, r_i\rangle)\, \partial k_{ij}/\partial x_i`,
+    a reduction over j; the parameter gradients ride along in the same reduction (concatenated
+    outputs, summed over i afterwards). KeOps' own backward would run one reduction per
+    differentiated variable, each re-evaluating every exponential.
+
+    Returns the gradient for ``x`` (``None`` unless it requires grad) and one per parameter.
+    """
+    c = left.shape[-1]
+    pad = padded_size(c) - c
+    left, right = torch.nn.functional.pad(left, (0, pad)), torch.nn.functional.pad(right, (0, pad))
+    wanted = {n: p for n, p in params.items() if p.requires_grad}
+    with keops_session():
+        xi, xj = keops_lazy_tensor(x.unsqueeze(-2)), keops_lazy_tensor(x.unsqueeze(-3))
+        lazy_params = {n: keops_lazy_tensor(p) for n, p in _pairwise_params(params).items()}
+        K = formula(xi, xj, **lazy_params)
+        li, rj = keops_lazy_tensor(left.unsqueeze(-2)), keops_lazy_tensor(right.unsqueeze(-3))
+        weight = li | rj
+        parts, sizes = [], []
+        if x.requires_grad:
+            ri, lj = keops_lazy_tensor(right.unsqueeze(-2)), keops_lazy_tensor(left.unsqueeze(-3))
+            parts.append(K.grad(xi, weight + (ri | lj)))
+            sizes.append(x.shape[-1])
+        for name, p in wanted.items():
+            parts.append(K.grad(lazy_params[name], weight))
+            sizes.append(p.shape[-1])
+        if not parts:
+            return None, {n: None for n in params}
+        fused = parts[0]
+        for part in parts[1:]:
+            fused = fused.concat(part)
+        out = fused.sum(dim=x.dim() - 1)  # reduce over j: (..., N, sum(sizes))
+    blocks = iter(out.split(sizes, dim=-1))
+    grad_x = next(blocks) if x.requires_grad else None
+    grads = {n: (next(blocks).sum(-2, keepdim=True).reshape(p.shape) if n in wanted else None) for n, p in params.items()}
+    return grad_x, grads
 
 
 def _rows_per_chunk(m: int, d: int, itemsize: int) -> int:

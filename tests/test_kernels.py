@@ -238,3 +238,28 @@ def test_float32_matches_float64():
             out = kernel32(x.float()) @ rhs.float()
         assert out.dtype == torch.float32
         assert_close(out.double(), expected.detach(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("structure", ["full-ard", "additive-ard-scales"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_symmetric_gradients_fused_in_one_reduction(family, structure, monkeypatch):
+    """K(X, X) on KeOps takes its gradient (both sides, every hyperparameter) in one fused
+    reduction; it must equal the unfused gradient of K(X, X') with X' a differentiable copy of X."""
+    from lazykern import backend
+
+    fused_calls = []
+    fused = backend.symmetric_gradients
+    monkeypatch.setattr(backend, "symmetric_gradients", lambda *a: fused_calls.append(1) or fused(*a))
+    kernel = make_kernel(family, structure)
+    x = torch.randn(N, D, dtype=torch.float64, requires_grad=True)
+    rhs = torch.randn(N, 2, dtype=torch.float64)
+    weights = torch.randn(N, 2, dtype=torch.float64)
+    params = list(kernel.parameters())
+    with settings.engine("keops"), settings.max_dense_bytes(0):
+        grads = _grads(kernel(x, x) @ rhs, weights, [x, *params])
+        assert fused_calls == [1]
+        unfused = _grads(kernel(x, x.clone()) @ rhs, weights, [x, *params])
+        assert fused_calls == [1]
+    for g, e in zip(grads, unfused):
+        assert torch.isfinite(g).all()
+        assert_close(g, e)

@@ -56,13 +56,18 @@ def formula_inputs(kernel: Kernel, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tens
     """
     d = x1.shape[-1]
     lengthscale = _per_dimension("lengthscale", kernel.lengthscale, d)
-    if isinstance(kernel, gpytorch.kernels.PeriodicKernel):
-        period = _per_dimension("period_length", kernel.period_length, d) / math.pi
-        return x1 / period, x2 / period, {"weights": 2.0 / lengthscale}
     params = {}
-    if isinstance(kernel, gpytorch.kernels.RQKernel):
-        params["alpha"] = kernel.alpha.unsqueeze(-1)
-    return x1 / lengthscale, x2 / lengthscale, params
+    if isinstance(kernel, gpytorch.kernels.PeriodicKernel):
+        scale = _per_dimension("period_length", kernel.period_length, d) / math.pi
+        params["weights"] = 2.0 / lengthscale
+    else:
+        scale = lengthscale
+        if isinstance(kernel, gpytorch.kernels.RQKernel):
+            params["alpha"] = kernel.alpha.unsqueeze(-1)
+    x1_ = x1 / scale
+    # K(X, X) keeps one transformed tensor for both sides: the operator recognizes the symmetric
+    # case and takes its gradient in one fused reduction.
+    return x1_, x1_ if x2 is x1 else x2 / scale, params
 
 
 def check_no_last_dim_is_batch(kernel: Kernel, last_dim_is_batch: bool) -> None:

@@ -75,6 +75,29 @@ class LazyKernelOperator(KernelLinearOperator):
             return self._dense_no_grad() @ rhs
         return backend.pairwise_matmul(self.covar_func, self.x1, self.x2, self.tensor_params, rhs)
 
+    def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor) -> tuple[Tensor | None, ...]:
+        if self._fused_symmetric_gradient():
+            if left_vecs.dim() == 1:
+                left_vecs, right_vecs = left_vecs.unsqueeze(-1), right_vecs.unsqueeze(-1)
+            grad_x, grads = backend.symmetric_gradients(
+                self.covar_func, self.x1, self.tensor_params, left_vecs, right_vecs
+            )
+            # x1 and x2 are one tensor: its whole gradient goes to the first occurrence.
+            return (grad_x, None, *grads.values())
+        return super()._bilinear_derivative(left_vecs, right_vecs)
+
+    def _fused_symmetric_gradient(self) -> bool:
+        x1, x2 = self.x1, self.x2
+        same = x1 is x2 or (
+            x1.data_ptr() == x2.data_ptr() and x1.shape == x2.shape and x1.stride() == x2.stride()
+        )
+        return (
+            same
+            and not self.batch_broadcast_shape
+            and getattr(self.covar_func, "even_stationary", False)
+            and backend.use_keops(x1.shape[-2], x2.shape[-2])
+        )
+
     @cached
     def to_dense(self) -> Tensor:
         if not (torch.is_grad_enabled() and self.requires_grad) and self._dense_fits():
