@@ -69,6 +69,18 @@ TORCH_SETUP = textwrap.dedent(
     """
 )
 
+def _lazykern_matvec_worker(backend: str) -> str:
+    return TORCH_SETUP + textwrap.dedent(
+        f"""
+        from lazykern.ntk import empirical_ntk
+        v = torch.randn(N * WIDTHS[-1], 1)
+        empirical_ntk(net, x[:4], backend="{backend}") @ v[:4 * WIDTHS[-1]]
+        base = peak()
+        r = measure(lambda: empirical_ntk(net, x, mode="full", backend="{backend}") @ v)
+        """
+    )
+
+
 WORKERS = {
     "lazykern_dense_matrix": TORCH_SETUP
     + textwrap.dedent(
@@ -79,26 +91,7 @@ WORKERS = {
         r = measure(lambda: empirical_ntk(net, x, mode="full", backend="dense").to_dense())
         """
     ),
-    "lazykern_matvec_dense": TORCH_SETUP
-    + textwrap.dedent(
-        """
-        from lazykern.ntk import empirical_ntk
-        v = torch.randn(N * WIDTHS[-1], 1)
-        empirical_ntk(net, x[:4], backend="dense") @ v[:4 * WIDTHS[-1]]
-        base = peak()
-        r = measure(lambda: empirical_ntk(net, x, mode="full", backend="dense") @ v)
-        """
-    ),
-    "lazykern_matvec_linearized": TORCH_SETUP
-    + textwrap.dedent(
-        """
-        from lazykern.ntk import empirical_ntk
-        v = torch.randn(N * WIDTHS[-1], 1)
-        empirical_ntk(net, x[:4], backend="linearized") @ v[:4 * WIDTHS[-1]]
-        base = peak()
-        r = measure(lambda: empirical_ntk(net, x, mode="full", backend="linearized") @ v)
-        """
-    ),
+    **{f"lazykern_matvec_{backend}": _lazykern_matvec_worker(backend) for backend in ("dense", "linearized")},
     "torch_func_jacobian_contraction": TORCH_SETUP
     + textwrap.dedent(
         """
