@@ -100,8 +100,9 @@ def symmetric_gradients(
     return grad_x, grads
 
 
-def _rows_per_chunk(m: int, d: int, itemsize: int) -> int:
-    return max(1, settings.chunk_bytes.value() // max(1, m * d * itemsize))
+def rows_per_chunk(m: int, width: int, itemsize: int) -> int:
+    """Rows per block so that a block of ``rows x m x width`` items stays within ``settings.chunk_bytes``."""
+    return max(1, settings.chunk_bytes.value() // max(1, m * width * itemsize))
 
 
 def _torch_block(formula: Formula, x1: Tensor, x2: Tensor, names: tuple[str, ...], *rest: Tensor) -> Tensor:
@@ -159,7 +160,7 @@ class _RowBlocks(torch.autograd.Function):
 def _torch_rowwise(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor | None) -> Tensor:
     names = tuple(params)
     tensors = tuple(params.values()) + (() if rhs is None else (rhs,))
-    step = _rows_per_chunk(x2.shape[-2], x2.shape[-1], x2.element_size())
+    step = rows_per_chunk(x2.shape[-2], x2.shape[-1], x2.element_size())
     return _RowBlocks.apply(formula, names, step, x1, x2, *tensors)
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import settings
+from ..backend import rows_per_chunk
 from ..formulas.ntk import factored_entry, factored_weights
 from ..keops import keops_lazy_tensor, keops_session, padded_size
 from .features import Features
@@ -28,10 +28,6 @@ __all__ = ["pairwise_matmul", "dense_blocks", "diagonal", "entries"]
 
 def _pad(t: Tensor) -> Tensor:
     return F.pad(t, (0, padded_size(t.shape[-1]) - t.shape[-1]))
-
-
-def _rows_per_block(n2: int, width: int, itemsize: int) -> int:
-    return max(1, settings.chunk_bytes.value() // max(1, n2 * width * itemsize))
 
 
 def _keops_weights(a1: Tensor, a2: Tensor, u: Tensor) -> Tensor:
@@ -57,12 +53,12 @@ def _keops_trace(a1: Tensor, a2: Tensor, g1: Tensor, g2: Tensor, v: Tensor) -> T
 
 
 def _dense_weights(a1: Tensor, a2: Tensor, u: Tensor) -> Tensor:
-    step = _rows_per_block(a2.shape[0], 1, a1.element_size())
+    step = rows_per_chunk(a2.shape[0], 1, a1.element_size())
     return torch.cat([(a1[s : s + step] @ a2.T) @ u for s in range(0, a1.shape[0], step)])
 
 
 def _dense_trace(a1: Tensor, a2: Tensor, g1: Tensor, g2: Tensor, v: Tensor) -> Tensor:
-    step = _rows_per_block(a2.shape[0], 2, a1.element_size())
+    step = rows_per_chunk(a2.shape[0], 2, a1.element_size())
     blocks = []
     for s in range(0, a1.shape[0], step):
         tile = a1[s : s + step] @ a2.T
@@ -103,7 +99,7 @@ def dense_blocks(f1: Features, f2: Features, mode: str) -> Tensor:
     n1, k = f1.terms[0][1].shape[:2]
     n2 = f2.terms[0][1].shape[0]
     width = 2 * k * k if mode == "full" else 2
-    step = _rows_per_block(n2, width, f1.terms[0][1].element_size())
+    step = rows_per_chunk(n2, width, f1.terms[0][1].element_size())
     blocks = []
     for s in range(0, n1, step):
         rows = slice(s, s + step)
