@@ -10,6 +10,7 @@ from gpytorch.kernels import Kernel
 
 from . import settings
 from .keops import build_folder
+from .validation import check_positive_int
 
 __all__ = ["precompile"]
 
@@ -74,8 +75,7 @@ def precompile(
         dims = _infer_dims(kernel)
         if dims is None:
             raise ValueError("dims is required: the kernel has no active_dims, num_dims or ard_num_dims to infer it from")
-    if isinstance(dims, bool) or not isinstance(dims, int) or dims < 1:
-        raise ValueError(f"dims must be a positive int, got {dims!r}")
+    check_positive_int("dims", dims)
     columns = tuple(columns)
     if not columns or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in columns):
         raise ValueError(f"columns must be a non-empty sequence of positive ints, got {columns!r}")

@@ -34,7 +34,7 @@ from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor
 
 from . import kernels as lazy_kernels
-from .validation import check_floating_matrix
+from .validation import check_floating_matrix, check_positive_int, check_positive_number
 
 __all__ = [
     "KERNELS",
@@ -73,8 +73,7 @@ def make_kernel(name: str, num_dims: int) -> ScaleKernel:
         >>> type(make_kernel("additive-rbf", 26).base_kernel).__name__
         'AdditiveStructureKernel'
     """
-    if isinstance(num_dims, bool) or not isinstance(num_dims, int) or num_dims < 1:
-        raise ValueError(f"num_dims must be a positive int, got {num_dims!r}")
+    check_positive_int("num_dims", num_dims)
     if name == "additive-rbf":
         base = lazy_kernels.AdditiveStructureKernel(
             lazy_kernels.RBFKernel(ard_num_dims=num_dims), num_dims=num_dims, component_scales=True
@@ -180,10 +179,8 @@ def train(
     """
     from tqdm.auto import tqdm
 
-    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
-        raise ValueError(f"iters must be a positive int, got {iters!r}")
-    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr must be a positive finite number, got {lr!r}")
+    check_positive_int("iters", iters)
+    check_positive_number("lr", lr)
     model.train()
     likelihood.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
@@ -413,8 +410,7 @@ def fit_evaluate(
         raise ValueError(f"test_x has {test_x.shape[-1]} features but train_x has {train_x.shape[-1]}")
     if not isinstance(test_y, Tensor) or test_y.shape != test_x.shape[:1]:
         raise ValueError(f"test_y must be a tensor of shape ({test_x.shape[0]},)")
-    if not (isinstance(y_scale, (int, float)) and math.isfinite(y_scale) and y_scale > 0):
-        raise ValueError(f"y_scale must be a positive finite number, got {y_scale!r}")
+    check_positive_number("y_scale", y_scale)
     if max_cholesky_size is not None and (isinstance(max_cholesky_size, bool) or not isinstance(max_cholesky_size, int)
                                           or max_cholesky_size < 0):
         raise ValueError(f"max_cholesky_size must be a non-negative int or None, got {max_cholesky_size!r}")

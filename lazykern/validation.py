@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -58,3 +60,17 @@ def check_kernel_inputs(
             f"inputs have {x1.shape[-1]} features (after active_dims) but the kernel expects "
             f"{num_dims} ({num_dims_name}={num_dims})"
         )
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """``value`` must be an int >= 1 (``bool`` excluded)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def check_positive_number(name: str, value: object) -> float:
+    """``value`` must be a finite real number > 0 (``bool`` excluded)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)

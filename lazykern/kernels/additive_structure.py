@@ -8,7 +8,7 @@ from gpytorch.kernels import Kernel
 from torch import Tensor
 
 from ..operators import LazyKernelOperator
-from ..validation import check_kernel_inputs
+from ..validation import check_kernel_inputs, check_positive_int
 from .stationary import check_no_last_dim_is_batch, formula_for, formula_inputs
 
 
@@ -57,8 +57,7 @@ class AdditiveStructureKernel(Kernel):
         component_scales_constraint: Interval | None = None,
     ) -> None:
         formula = formula_for(base_kernel, additive=True)
-        if isinstance(num_dims, bool) or not isinstance(num_dims, int) or num_dims < 1:
-            raise ValueError(f"num_dims must be a positive int, got {num_dims!r}")
+        check_positive_int("num_dims", num_dims)
         if active_dims is not None and len(active_dims) != num_dims:
             raise ValueError(f"active_dims has {len(active_dims)} entries but num_dims={num_dims}")
         if base_kernel.active_dims is not None:

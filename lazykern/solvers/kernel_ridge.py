@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import gpytorch
 import torch
 from gpytorch.kernels import Kernel
@@ -10,7 +9,7 @@ from linear_operator import to_linear_operator
 from linear_operator.operators import LinearOperator
 from torch import Tensor
 
-from ..validation import check_floating_matrix
+from ..validation import check_floating_matrix, check_positive_int, check_positive_number
 from .cg import CGResult, cg
 from .preconditioners import JacobiPreconditioner, PivotedCholeskyPreconditioner
 
@@ -75,14 +74,11 @@ class KernelRidge:
     ) -> None:
         if not isinstance(kernel, Kernel):
             raise TypeError(f"kernel must be a gpytorch.kernels.Kernel, got {type(kernel).__name__}")
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (0 < alpha < math.inf):
-            raise ValueError(f"alpha must be a positive finite number, got {alpha!r}")
+        check_positive_number("alpha", alpha)
         if precond not in _PRECONDITIONERS:
             raise ValueError(f"precond must be one of {_PRECONDITIONERS}, got {precond!r}")
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-            raise ValueError(f"rank must be a positive int, got {rank!r}")
-        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not (0 < tol < math.inf):
-            raise ValueError(f"tol must be a positive finite number, got {tol!r}")
+        check_positive_int("rank", rank)
+        check_positive_number("tol", tol)
         if max_iter is not None and (isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1):
             raise ValueError(f"max_iter must be a positive int or None, got {max_iter!r}")
         self.kernel = kernel

@@ -17,6 +17,8 @@ from linear_operator import to_dense
 from linear_operator.operators import LinearOperator
 from torch import Tensor
 
+from ..validation import check_positive_int
+
 __all__ = ["Preconditioner", "JacobiPreconditioner", "PivotedCholeskyPreconditioner"]
 
 
@@ -139,8 +141,7 @@ class PivotedCholeskyPreconditioner:
 
     def __init__(self, K: Tensor | LinearOperator, rank: int, shift: float) -> None:
         n = _square_size(K)
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-            raise ValueError(f"rank must be a positive int, got {rank!r}")
+        check_positive_int("rank", rank)
         self.shift = _check_shift(shift, positive=True)
         with torch.no_grad():
             L = self._factor(K, min(rank, n))
