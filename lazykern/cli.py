@@ -205,14 +205,14 @@ def _report(record: dict[str, Any]) -> str:
         ("test RMSE", f"{record['rmse']:.4f}", f"{record['rmse_original']:.5g}"),
         ("test NLPD", f"{record['nlpd']:.4f}", f"{record['nlpd_original']:.5g}"),
     ]
-    lines = [f"{record['kernel']:<12}{'standardized':>14}{'original units':>18}"]
-    lines += [f"{name:<12}{a:>14}{b:>18}" for name, a, b in rows]
+    lines = [f"{record['kernel']:<20}{'standardized':>14}{'original units':>18}"]
+    lines += [f"{name:<20}{a:>14}{b:>18}" for name, a, b in rows]
     memory = "peak process RSS" if record["memory_measure"] == "process_peak_rss" else "peak CUDA allocated"
     lines += [
-        f"{'train time':<12}{record['train_seconds']:>13.1f}s   ({record['iters']} Adam steps, "
+        f"{'train time':<20}{record['train_seconds']:>13.1f}s   ({record['iters']} Adam steps, "
         f"final loss {record['final_loss']:.4f}, {record['solver']})",
-        f"{'predict':<12}{record['predict_seconds']:>13.2f}s",
-        f"{'memory':<12}{record['peak_memory_mb']:>11.0f} MB   ({memory})",
+        f"{'predict':<20}{record['predict_seconds']:>13.2f}s",
+        f"{'memory':<20}{record['peak_memory_mb']:>11.0f} MB   ({memory})",
         "hyperparameters:",
     ]
     lines += [f"  {name} = {_format_value(value)}" for name, value in record["hyperparameters"].items()]
@@ -267,7 +267,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     if args.compare:
         record["compare"] = results[1:]
     print(_report(record), file=report)
-    print(_context(record), file=report, flush=True)
+    print("\n" + _context(record), file=report, flush=True)
     if _json_to_stdout(args.json):
         print(json.dumps(record, indent=2), file=out, flush=True)
     elif args.json is not None:
