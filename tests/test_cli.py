@@ -198,3 +198,17 @@ def test_offline_download_is_one_line_pointing_at_the_demo(tmp_path, monkeypatch
     assert main(["uci", "pol", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "could not download" in err and "'lazykern demo' needs no data" in err
+
+
+def test_every_public_name_resolves_on_first_use():
+    """The package imports lazily (so the command parses first); every exported name still resolves, and
+    ``lazykern.precompile`` stays the function even once its submodule is imported."""
+    import importlib
+
+    importlib.import_module("lazykern.precompile")
+    assert callable(lazykern.precompile) and lazykern.precompile.__module__ == "lazykern.precompile"
+    for name in lazykern.__all__:
+        assert getattr(lazykern, name) is not None, name
+    assert set(lazykern.__all__) <= set(dir(lazykern))
+    with pytest.raises(AttributeError, match="no attribute 'nosuchname'"):
+        lazykern.nosuchname
