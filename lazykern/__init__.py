@@ -2,15 +2,31 @@
 
 Additive GP kernels and empirical neural tangent kernels as symbolic reductions that never form
 N x M x d (nor, unless it fits a memory budget, N x M).
+
+The names below are imported on first use (PEP 562), so ``import lazykern`` and the ``lazykern``
+command's ``--help``, ``--version`` and usage errors answer without importing torch, GPyTorch or
+KeOps.
 """
 
-from . import data, formulas, kernels, ntk, operators, regression, settings, solvers
-from .kernels import AdditiveStructureKernel, MaternKernel, PeriodicKernel, RBFKernel, RQKernel
-from .operators import LazyKernelOperator
-from .precompile import precompile
-from .solvers import KernelRidge
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import Any
 
 __version__ = "0.1.0"
+"""The version: the one place it is written (``pyproject.toml`` and ``lazykern --version`` read it)."""
+
+# Subpackages and modules reachable as attributes, and the names re-exported from them.
+_SUBMODULES = ("data", "formulas", "kernels", "ntk", "operators", "regression", "settings", "solvers")
+_FROM = {
+    "kernels": ("AdditiveStructureKernel", "MaternKernel", "PeriodicKernel", "RBFKernel", "RQKernel"),
+    "operators": ("LazyKernelOperator",),
+    "precompile": ("precompile",),
+    "solvers": ("KernelRidge",),
+}
+_ORIGIN = {**{name: module for module, names in _FROM.items() for name in names}, **{m: m for m in _SUBMODULES}}
 
 __all__ = [
     "AdditiveStructureKernel",
@@ -30,3 +46,29 @@ __all__ = [
     "settings",
     "solvers",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _ORIGIN.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f".{module_name}", __name__)
+    value = module if name in _SUBMODULES else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    # Importing the submodule ``lazykern.precompile`` binds it on the package, which would hide the
+    # function of the same name that ``lazykern.precompile`` is; keep the function.
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and name in _ORIGIN and name not in _SUBMODULES:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -2,27 +2,42 @@
 
 Usage::
 
-    lazykern uci pol                                   # additive RBF GP on pol, split 0
-    lazykern uci kin40k --kernel rbf-ard --json out.json
     lazykern demo                                      # synthetic additive problem, no data needed
+    lazykern demo --compare                            # ... next to ARD RBF kernels on the same split
+    lazykern uci pol                                   # additive RBF GP on UCI pol, split 0
+    lazykern uci kin40k --kernel rbf-ard --json out.json
+    lazykern --version
 
-Mistakes in the command (unknown dataset, missing data folder, split out of range, bad option) print
-one line on stderr saying what is wrong and how to fix it, and exit with status 2.
+The report goes to stdout: test RMSE and NLPD next to the mean predictor's (RMSE 1.0 in
+standardized units), with ``--compare`` next to lazykern's and GPyTorch's ARD RBF kernels trained
+on the same split. Progress bars, warnings and, with ``--verbose``, KeOps' own messages go to
+stderr. ``--help``, ``--version`` and mistakes in the command are answered before torch, GPyTorch or
+KeOps is imported; a mistake (unknown dataset, missing data folder, split out of range, bad option)
+prints one line on stderr saying what is wrong and how to fix it, and exits with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn, Sequence
+from typing import Any, Iterator, NoReturn, Sequence, TextIO
 
-__all__ = ["main", "CPU_DEFAULT_N_TRAIN"]
+from . import __version__
+from .kernel_names import COMPARE_KERNELS, KERNELS
+
+__all__ = ["main", "CPU_DEFAULT_N_TRAIN", "DEMO_CPU_N_TRAIN"]
 
 CPU_DEFAULT_N_TRAIN = 2000
-"""Training points used on a CPU when ``--n-train`` is not given (a GPU uses them all)."""
+"""Training points ``lazykern uci`` uses on a CPU when ``--n-train`` is not given (a GPU uses them all)."""
+
+DEMO_CPU_N_TRAIN = 500
+"""Synthetic training points ``lazykern demo`` draws on a CPU when ``--n-train`` is not given: enough
+for an accurate fit of the six-dimensional additive function, small enough to answer in seconds."""
 
 DEMO_GPU_N_TRAIN = 10000
 """Synthetic training points ``lazykern demo`` draws on a GPU when ``--n-train`` is not given."""
@@ -71,16 +86,18 @@ def _positive_float(text: str) -> float:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from .regression import KERNELS
-
     parser = _Parser(prog="lazykern", description="Exact GP regression with lazy KeOps kernels.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def common(sub: argparse.ArgumentParser, default_kernel: str, gpu_n_train: str) -> None:
+    def common(sub: argparse.ArgumentParser, default_kernel: str, cpu_n_train: int, gpu_n_train: str) -> None:
         sub.add_argument("--kernel", choices=KERNELS, default=default_kernel,
                          help=f"covariance (default {default_kernel})")
+        sub.add_argument("--compare", action="store_true",
+                         help=f"also train {' and '.join(COMPARE_KERNELS)} (lazykern's and GPyTorch's ARD RBF) "
+                         "on the same split and report them side by side")
         sub.add_argument("--n-train", type=_positive_int, default=None, metavar="N",
-                         help=f"training points (default: {gpu_n_train} on a GPU, {CPU_DEFAULT_N_TRAIN} on a CPU)")
+                         help=f"training points (default: {gpu_n_train} on a GPU, {cpu_n_train} on a CPU)")
         sub.add_argument("--iters", type=_positive_int, default=50, help="Adam steps (default 50)")
         sub.add_argument("--lr", type=_positive_float, default=0.1, help="Adam learning rate (default 0.1)")
         sub.add_argument("--dtype", choices=("float32", "float64"), default="float32",
@@ -91,23 +108,40 @@ def _build_parser() -> argparse.ArgumentParser:
                          help=f"exact Cholesky solves up to N training points, conjugate gradients on lazy "
                          f"matvecs above (default {CHOLESKY_MAX})")
         sub.add_argument("--seed", type=int, default=0, help="seed of subsampling and training (default 0)")
-        sub.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the results as JSON")
-        sub.add_argument("--quiet", action="store_true", help="no progress bar")
+        sub.add_argument("--json", type=Path, default=None, metavar="PATH",
+                         help="also write the results as JSON ('-': to stdout, the report then goes to stderr)")
+        sub.add_argument("--quiet", action="store_true", help="no progress bars")
+        sub.add_argument("--verbose", action="store_true", help="show KeOps' own messages (on stderr)")
 
     uci = commands.add_parser("uci", help="train and evaluate on a UCI dataset",
                               description="Train an exact GP on one split of a UCI dataset and report test "
-                              "RMSE and NLPD. Data: --data-dir, else $LAZYKERN_DATA, else downloaded.")
+                              "RMSE and NLPD. Data: --data-dir, else $LAZYKERN_DATA, else downloaded once "
+                              "(checksum-verified) from the uci_datasets collection into ~/.cache/lazykern/uci.")
     uci.add_argument("dataset", help="dataset name, e.g. pol, elevators, bike, kin40k, protein, keggdirected")
     uci.add_argument("--split", type=int, default=0, help="standard train/test split, 0-9 (default 0)")
     uci.add_argument("--data-dir", type=Path, default=None, help="folder with one sub-folder per dataset")
-    common(uci, "additive-rbf", "all")
+    common(uci, "additive-rbf", CPU_DEFAULT_N_TRAIN, "all")
 
     demo = commands.add_parser("demo", help="train and evaluate on a synthetic additive problem",
-                               description="Train an exact GP on y = sum_j f_j(x_j) + noise, generated in code.")
+                               description="Train an exact GP on y = sum_j f_j(x_j) + noise, generated in code "
+                               "(no files, no network).")
     demo.add_argument("--d", type=_positive_int, default=6, help="input dimensions (default 6)")
     demo.add_argument("--n-test", type=_positive_int, default=500, help="test points (default 500)")
-    common(demo, "additive-rbf", str(DEMO_GPU_N_TRAIN))
+    common(demo, "additive-rbf", DEMO_CPU_N_TRAIN, str(DEMO_GPU_N_TRAIN))
     return parser
+
+
+@contextlib.contextmanager
+def _library_output(verbose: bool) -> Iterator[None]:
+    # KeOps prints with print(): its CUDA status when it is imported, a notice whenever it compiles a
+    # formula. stdout carries the command's report alone (it is read, piped and parsed), so those
+    # messages go to stderr with --verbose and nowhere otherwise.
+    if verbose:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    else:
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+            yield
 
 
 def _device(choice: str):
@@ -120,20 +154,30 @@ def _device(choice: str):
     return torch.device(choice)
 
 
+def _json_to_stdout(path: Path | None) -> bool:
+    return path is not None and str(path) == "-"
+
+
 def _check_json_path(path: Path | None) -> None:
-    if path is not None and not path.parent.resolve().is_dir():
+    if path is not None and not _json_to_stdout(path) and not path.parent.resolve().is_dir():
         raise _UsageError(f"--json {path}: folder {path.parent} does not exist; create it or choose another path")
 
 
 def _load(args: argparse.Namespace, device, dtype):
     """The data split and a sentence saying how many training points were used and why."""
-    from .data import load_uci, synthetic_additive
+    from .data import DownloadError, load_uci, synthetic_additive
 
     if args.command == "demo":
-        n = args.n_train or (CPU_DEFAULT_N_TRAIN if device.type == "cpu" else DEMO_GPU_N_TRAIN)
+        if args.n_train is not None:
+            n, why = args.n_train, "--n-train"
+        elif device.type == "cpu":
+            n, why = DEMO_CPU_N_TRAIN, "CPU default; --n-train N to change"
+        else:
+            n, why = DEMO_GPU_N_TRAIN, "GPU default; --n-train N to change"
         data = synthetic_additive(n, args.n_test, args.d, seed=args.seed, dtype=dtype, device=device)
-        return data, f"n_train={n} synthetic points"
-    kwargs = dict(split=args.split, seed=args.seed, dtype=dtype, device=device, data_dir=args.data_dir)
+        return data, f"n_train={n} synthetic points ({why})"
+    kwargs = dict(split=args.split, seed=args.seed, dtype=dtype, device=device, data_dir=args.data_dir,
+                  progress=not args.quiet)
     try:
         if args.n_train is not None:
             return load_uci(args.dataset, n_train=args.n_train, **kwargs), f"n_train={args.n_train} (--n-train)"
@@ -143,6 +187,8 @@ def _load(args: argparse.Namespace, device, dtype):
                     "(CPU default; --n-train N to change)")
             return load_uci(args.dataset, n_train=CPU_DEFAULT_N_TRAIN, **kwargs), note
         return data, f"n_train={data.n_train}: all training points"
+    except DownloadError as err:
+        raise _UsageError(f"{err}; 'lazykern demo' needs no data") from None
     except (ValueError, TypeError, OSError) as err:
         raise _UsageError(str(err)) from None
 
@@ -159,43 +205,74 @@ def _report(record: dict[str, Any]) -> str:
         ("test RMSE", f"{record['rmse']:.4f}", f"{record['rmse_original']:.5g}"),
         ("test NLPD", f"{record['nlpd']:.4f}", f"{record['nlpd_original']:.5g}"),
     ]
-    lines = [f"{'':<12}{'standardized':>14}{'original units':>18}"]
-    lines += [f"{name:<12}{a:>14}{b:>18}" for name, a, b in rows]
+    lines = [f"{record['kernel']:<20}{'standardized':>14}{'original units':>18}"]
+    lines += [f"{name:<20}{a:>14}{b:>18}" for name, a, b in rows]
     memory = "peak process RSS" if record["memory_measure"] == "process_peak_rss" else "peak CUDA allocated"
     lines += [
-        f"{'train time':<12}{record['train_seconds']:>13.1f}s   ({record['iters']} Adam steps, "
-        f"final loss {record['final_loss']:.4f})",
-        f"{'predict':<12}{record['predict_seconds']:>13.2f}s",
-        f"{'memory':<12}{record['peak_memory_mb']:>11.0f} MB   ({memory})",
+        f"{'train time':<20}{record['train_seconds']:>13.1f}s   ({record['iters']} Adam steps, "
+        f"final loss {record['final_loss']:.4f}, {record['solver']})",
+        f"{'predict':<20}{record['predict_seconds']:>13.2f}s",
+        f"{'memory':<20}{record['peak_memory_mb']:>11.0f} MB   ({memory})",
         "hyperparameters:",
     ]
     lines += [f"  {name} = {_format_value(value)}" for name, value in record["hyperparameters"].items()]
     return "\n".join(lines)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _context(record: dict[str, Any]) -> str:
+    """The results next to what a user would otherwise get on the same split, as a small table."""
+    names = {"gpytorch-rbf-ard": "gpytorch-rbf-ard (GPyTorch)", record["kernel"]: f"{record['kernel']} (this run)"}
+    lines = [
+        "same split, test metrics in standardized units (lower is better):",
+        f"  {'model':<30}{'RMSE':>8}{'NLPD':>9}{'train':>9}",
+        f"  {'mean predictor':<30}{record['mean_predictor']['rmse']:>8.4f}"
+        f"{record['mean_predictor']['nlpd']:>9.4f}{'-':>9}",
+    ]
+    for r in [record, *record.get("compare", [])]:
+        lines.append(f"  {names.get(r['kernel'], r['kernel']):<30}{r['rmse']:>8.4f}{r['nlpd']:>9.4f}"
+                     f"{r['train_seconds']:>8.1f}s")
+    lines.append("  (mean predictor: the training mean and variance, RMSE 1 by construction up to sampling)")
+    if "compare" not in record:
+        lines.append(f"  (--compare also trains {' and '.join(COMPARE_KERNELS)} on this split)")
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace, out: TextIO) -> int:
     import torch
 
-    from .regression import fit_evaluate
+    from .regression import fit_evaluate, gaussian_metrics
 
     _check_json_path(args.json)
+    report = sys.stderr if _json_to_stdout(args.json) else out
     device = _device(args.device)
     dtype = getattr(torch, args.dtype)
     data, note = _load(args, device, dtype)
     print(f"{data.name} split {data.split}: {note}; n_test={data.n_test}, d={data.d}, "
-          f"kernel={args.kernel}, {args.dtype} on {device}", flush=True)
-    torch.manual_seed(args.seed)
-    # Kernel entries far below float32's normal range turn into denormals, on which CPU LAPACK runs
-    # about ten times slower (measured: a 2000-point Cholesky step, 5 s instead of 0.5 s).
-    torch.set_flush_denormal(True)
-    result = fit_evaluate(data.train_x, data.train_y, data.test_x, data.test_y, kernel=args.kernel,
-                          iters=args.iters, lr=args.lr, y_scale=data.y_std, max_cholesky_size=args.max_cholesky,
-                          progress=not args.quiet)
-    record = {"dataset": data.name, "split": data.split, "seed": args.seed, **result.to_dict()}
-    print(_report(record))
-    if args.json is not None:
+          f"{args.dtype} on {device}", file=report, flush=True)
+    kernels = [args.kernel] + ([k for k in COMPARE_KERNELS if k != args.kernel] if args.compare else [])
+    results = []
+    for i, kernel in enumerate(kernels):
+        if len(kernels) > 1 and not args.quiet:
+            print(f"[{i + 1}/{len(kernels)}] {kernel}", file=sys.stderr, flush=True)
+        torch.manual_seed(args.seed)
+        results.append(fit_evaluate(data.train_x, data.train_y, data.test_x, data.test_y, kernel=kernel,
+                                    iters=args.iters, lr=args.lr, y_scale=data.y_std,
+                                    max_cholesky_size=args.max_cholesky, progress=not args.quiet).to_dict())
+    # The training mean and variance are 0 and 1 in standardized units, by construction.
+    rmse, nlpd = gaussian_metrics(torch.zeros_like(data.test_y), torch.ones_like(data.test_y), data.test_y)
+    mean_predictor = {"rmse": rmse, "nlpd": nlpd, "rmse_original": rmse * data.y_std,
+                      "nlpd_original": nlpd + math.log(data.y_std)}
+    record = {"dataset": data.name, "split": data.split, "seed": args.seed, **results[0],
+              "mean_predictor": mean_predictor}
+    if args.compare:
+        record["compare"] = results[1:]
+    print(_report(record), file=report)
+    print("\n" + _context(record), file=report, flush=True)
+    if _json_to_stdout(args.json):
+        print(json.dumps(record, indent=2), file=out, flush=True)
+    elif args.json is not None:
         args.json.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        print(f"wrote {args.json}", file=report)
     return 0
 
 
@@ -207,12 +284,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         >>> main(["demo", "--n-train", "200", "--n-test", "50", "--iters", "5", "--quiet"])  # doctest: +SKIP
         0
     """
+    out = sys.stdout
     try:
         args = _build_parser().parse_args(argv)
-        return _run(args)
+        with _library_output(args.verbose):
+            return _run(args, out)
     except _UsageError as err:
         print(f"lazykern: error: {err}", file=sys.stderr)
         return USAGE_ERROR
+    except SystemExit as done:  # --help and --version, answered by argparse
+        return done.code if isinstance(done.code, int) else 0
     except KeyboardInterrupt:
         print("lazykern: interrupted", file=sys.stderr)
         return 130

@@ -34,6 +34,7 @@ from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor
 
 from . import kernels as lazy_kernels
+from .kernel_names import KERNELS
 from .validation import check_floating_matrix, check_positive_int, check_positive_number
 
 __all__ = [
@@ -49,9 +50,6 @@ __all__ = [
     "fit_evaluate",
     "PeakMemory",
 ]
-
-KERNELS: tuple[str, ...] = ("additive-rbf", "additive-matern52", "rbf-ard", "matern52-ard", "gpytorch-rbf-ard")
-"""Kernel names accepted by :func:`make_kernel` (and ``lazykern uci --kernel``)."""
 
 
 def make_kernel(name: str, num_dims: int) -> ScaleKernel:

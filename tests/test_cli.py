@@ -1,56 +1,135 @@
-"""The ``lazykern`` command: end-to-end runs in a subprocess, and one-line usage errors (exit 2)."""
+"""The ``lazykern`` command: end-to-end runs in a subprocess, what goes to stdout and stderr, one-line
+usage errors (exit 2) answered before anything heavy is imported, and the download path."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 
 import pytest
 
+import lazykern
 from lazykern.cli import main
 
 FIELDS = (
     "dataset", "split", "kernel", "n_train", "n_test", "d", "dtype", "device", "iters", "rmse", "nlpd",
     "rmse_original", "nlpd_original", "train_seconds", "predict_seconds", "peak_memory_mb", "hyperparameters",
+    "mean_predictor",
 )
+HEAVY = ("torch", "gpytorch", "linear_operator", "pykeops", "keopscore", "numpy", "scipy")
 
 
-def run_cli(args, env_extra=None, use_script=False, timeout=600):
-    env = {**os.environ, **(env_extra or {})}
+def run_cli(args, env_extra=None, use_script=False, timeout=600, python_flags=()):
+    env = {k: v for k, v in os.environ.items() if k != "LAZYKERN_DATA"}
+    env.update(env_extra or {})
     script = shutil.which("lazykern") if use_script else None
-    command = [script] if script else [sys.executable, "-m", "lazykern.cli"]
+    command = [script] if script else [sys.executable, *python_flags, "-m", "lazykern.cli"]
     return subprocess.run(command + list(args), capture_output=True, text=True, env=env, timeout=timeout)
 
 
-def test_uci_pol_writes_every_field(data_dir, tmp_path):
+def test_uci_compare_reports_every_kernel_in_context(uci_fixture, tmp_path):
+    out = tmp_path / "out.json"
+    proc = run_cli(["uci", "pol", "--iters", "10", "--compare", "--json", str(out)],
+                   {"LAZYKERN_DATA": str(uci_fixture.root)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads(out.read_text())
+    assert set(FIELDS) <= set(record)
+    assert (record["dataset"], record["split"], record["kernel"]) == ("pol", 0, "additive-rbf")
+    assert (record["n_train"], record["n_test"], record["d"], record["iters"]) == (360, 40, 26, 10)
+    assert record["dtype"] == "float32" and record["device"] == "cpu"
+    assert math.isfinite(record["nlpd"]) and math.isfinite(record["nlpd_original"])
+    assert len(record["hyperparameters"]["covar_module.base_kernel.base_kernel.lengthscale"]) == 26
+
+    # The mean predictor (training mean and variance: 0 and 1 standardized), from the raw test rows.
+    raw, mask = uci_fixture.raw("pol")
+    train_y, test_y = raw[~mask[:, 0], -1], raw[mask[:, 0], -1]
+    z = (test_y - train_y.mean()) / train_y.std()
+    mean = record["mean_predictor"]
+    assert mean["rmse"] == pytest.approx(math.sqrt((z**2).mean()), rel=1e-5)
+    assert mean["nlpd"] == pytest.approx(0.5 * math.log(2 * math.pi) + 0.5 * (z**2).mean(), rel=1e-5)
+    assert mean["rmse_original"] == pytest.approx(math.sqrt(((test_y - train_y.mean()) ** 2).mean()), rel=1e-5)
+    assert record["rmse"] < mean["rmse"], "the GP beats the mean predictor on a smooth target"
+
+    # --compare: the same split under lazykern's and GPyTorch's ARD RBF kernels, same recipe.
+    assert [r["kernel"] for r in record["compare"]] == ["rbf-ard", "gpytorch-rbf-ard"]
+    for r in record["compare"]:
+        assert (r["n_train"], r["n_test"], r["iters"]) == (360, 40, 10) and math.isfinite(r["rmse"])
+    lazy, gpytorch_rbf = record["compare"]
+
+    table = proc.stdout[proc.stdout.index("same split"):]
+    for row, r in [("mean predictor", mean), ("additive-rbf (this run)", record), ("rbf-ard", lazy),
+                   ("gpytorch-rbf-ard (GPyTorch)", gpytorch_rbf)]:
+        assert re.search(rf"{re.escape(row)}\s+{r['rmse']:.4f}\s+{r['nlpd']:.4f}", table), (row, table)
+    assert "n_train=360: all training points" in proc.stdout
+    assert "[KeOps]" not in proc.stdout + proc.stderr
+
+
+def test_uci_pol_on_the_real_copy(data_dir, tmp_path):
     out = tmp_path / "out.json"
     proc = run_cli(["uci", "pol", "--n-train", "1000", "--iters", "10", "--json", str(out)],
                    {"LAZYKERN_DATA": str(data_dir)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads(out.read_text())
-    assert set(FIELDS) <= set(record)
-    assert (record["dataset"], record["split"], record["kernel"]) == ("pol", 0, "additive-rbf")
-    assert (record["n_train"], record["n_test"], record["d"], record["iters"]) == (1000, 1500, 26, 10)
-    assert record["dtype"] == "float32" and record["device"] == "cpu"
-    assert math.isfinite(record["rmse"]) and record["rmse"] < 1.0, "worse than predicting the mean"
-    assert math.isfinite(record["nlpd"]) and math.isfinite(record["nlpd_original"])
+    assert (record["n_train"], record["n_test"], record["d"]) == (1000, 1500, 26)
+    assert record["rmse"] < record["mean_predictor"]["rmse"], "worse than predicting the mean"
     assert record["rmse_original"] > record["rmse"], "pol's targets have a standard deviation above 1"
-    assert len(record["hyperparameters"]["covar_module.base_kernel.base_kernel.lengthscale"]) == 26
-    assert "n_train=1000" in proc.stdout and "test RMSE" in proc.stdout
+    assert "n_train=1000 (--n-train)" in proc.stdout and "[KeOps]" not in proc.stdout
 
 
-def test_demo_runs_from_the_console_script(tmp_path):
-    out = tmp_path / "demo.json"
-    proc = run_cli(["demo", "--n-train", "600", "--n-test", "200", "--iters", "20", "--json", str(out)],
+def test_demo_json_to_stdout_is_all_stdout_carries():
+    proc = run_cli(["demo", "--n-train", "300", "--n-test", "100", "--iters", "20", "--json", "-"],
                    use_script=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    record = json.loads(out.read_text())
-    assert record["dataset"] == "synthetic-additive" and record["d"] == 6
+    record = json.loads(proc.stdout)  # nothing but the JSON: no report, no KeOps message
+    assert record["dataset"] == "synthetic-additive" and record["d"] == 6 and record["n_train"] == 300
     assert record["rmse"] < 0.5, "an additive kernel fits an additive function well"
+    assert "test RMSE" in proc.stderr and "mean predictor" in proc.stderr
+    assert "[KeOps]" not in proc.stderr, "KeOps' messages are shown with --verbose only"
+
+
+def test_verbose_sends_keops_messages_to_stderr():
+    import torch
+
+    proc = run_cli(["demo", "--n-train", "50", "--n-test", "10", "--iters", "1", "--quiet", "--verbose"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "[KeOps]" not in proc.stdout and "test RMSE" in proc.stdout
+    if not torch.cuda.is_available():  # KeOps announces its CPU-only mode when imported
+        assert "[KeOps] Warning" in proc.stderr
+
+
+def imported_modules(proc: subprocess.CompletedProcess) -> set[str]:
+    """Module names from ``python -X importtime`` (written to stderr)."""
+    return {m.group(1).strip() for m in re.finditer(r"^import time:.*\|\s*(\S+)\s*$", proc.stderr, re.M)}
+
+
+@pytest.mark.parametrize(
+    "args, status, stream, text",
+    [
+        (["--help"], 0, "stdout", "usage: lazykern"),
+        (["demo", "--help"], 0, "stdout", "--compare"),
+        (["--version"], 0, "stdout", f"lazykern {lazykern.__version__}"),
+        (["demo", "--iters", "0"], 2, "stderr", "expected an integer >= 1"),
+        (["uci", "pol", "--kernel", "nosuchkernel"], 2, "stderr", "invalid choice: 'nosuchkernel'"),
+        ([], 2, "stderr", "the following arguments are required: COMMAND"),
+    ],
+)
+def test_answers_before_importing_anything_heavy(args, status, stream, text):
+    proc = run_cli(args, python_flags=("-X", "importtime"))
+    assert proc.returncode == status, proc.stderr[-2000:]
+    assert text in getattr(proc, stream)
+    modules = imported_modules(proc)
+    assert "lazykern.cli" in modules or "lazykern" in modules, "importtime output was not parsed"
+    assert not {m.split(".")[0] for m in modules} & set(HEAVY), sorted(m for m in modules if m.split(".")[0] in HEAVY)
+
+
+def test_version_is_the_package_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"lazykern {lazykern.__version__}\n"
 
 
 @pytest.mark.parametrize(
@@ -58,7 +137,7 @@ def test_demo_runs_from_the_console_script(tmp_path):
     [
         (["uci", "nosuchdata"], "unknown UCI dataset 'nosuchdata'"),
         (["uci", "pol", "--split", "10"], "split must be an int in 0..9"),
-        (["uci", "pol", "--n-train", "99999"], "exceeds the 13500 training points"),
+        (["uci", "pol", "--n-train", "99999"], "exceeds the 360 training points"),
         (["uci", "pol", "--kernel", "nosuchkernel"], "invalid choice: 'nosuchkernel'"),
         (["uci", "pol", "--iters", "0"], "expected an integer >= 1, got '0'"),
         (["uci", "pol", "--lr", "-1"], "expected a positive number"),
@@ -68,12 +147,12 @@ def test_demo_runs_from_the_console_script(tmp_path):
         (["fly"], "invalid choice: 'fly'"),
     ],
 )
-def test_usage_errors_are_one_line(data_dir, monkeypatch, capsys, args, message):
-    monkeypatch.setenv("LAZYKERN_DATA", str(data_dir))
+def test_usage_errors_are_one_line(uci_fixture, monkeypatch, capsys, args, message):
+    monkeypatch.setenv("LAZYKERN_DATA", str(uci_fixture.root))
     assert main(args) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("lazykern: error: "), err
-    assert message in err
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.err.startswith("lazykern: error: "), captured.err
+    assert message in captured.err and captured.out == ""
 
 
 def test_missing_data_folder_says_how_to_fix(tmp_path, monkeypatch, capsys):
@@ -86,8 +165,50 @@ def test_missing_data_folder_says_how_to_fix(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("args", [["uci", "nosuchdata"], ["uci", "pol", "--dtype", "float16"]])
-def test_usage_errors_exit_2_without_traceback(data_dir, args):
-    proc = run_cli(args, {"LAZYKERN_DATA": str(data_dir)}, timeout=120)
+def test_usage_errors_exit_2_without_traceback(uci_fixture, args):
+    proc = run_cli(args, {"LAZYKERN_DATA": str(uci_fixture.root)}, timeout=120)
     assert proc.returncode == 2
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("lazykern: error: ")
+
+
+def test_uci_downloads_once_with_progress(uci_mirror, tmp_path, monkeypatch, capsys):
+    server, _ = uci_mirror
+    monkeypatch.delenv("LAZYKERN_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("LAZYKERN_UCI_URL", server.url)
+    assert main(["uci", "yacht", "--iters", "2"]) == 0
+    captured = capsys.readouterr()
+    assert f"downloading {server.url}/yacht/data.csv.gz" in captured.err
+    assert "yacht split 0" in captured.out and "test RMSE" in captured.out
+    assert (tmp_path / "cache" / "lazykern" / "uci" / "yacht" / "test_mask.csv.gz").is_file()
+    assert main(["uci", "yacht", "--iters", "2"]) == 0
+    assert len(server.requests) == 2 and "downloading" not in capsys.readouterr().err
+
+
+def test_offline_download_is_one_line_pointing_at_the_demo(tmp_path, monkeypatch, capsys):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("LAZYKERN_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("LAZYKERN_UCI_URL", f"http://127.0.0.1:{port}")
+    assert main(["uci", "pol", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "could not download" in err and "'lazykern demo' needs no data" in err
+
+
+def test_every_public_name_resolves_on_first_use():
+    """The package imports lazily (so the command parses first); every exported name still resolves, and
+    ``lazykern.precompile`` stays the function even once its submodule is imported."""
+    import importlib
+
+    importlib.import_module("lazykern.precompile")
+    assert callable(lazykern.precompile) and lazykern.precompile.__module__ == "lazykern.precompile"
+    for name in lazykern.__all__:
+        assert getattr(lazykern, name) is not None, name
+    assert set(lazykern.__all__) <= set(dir(lazykern))
+    with pytest.raises(AttributeError, match="no attribute 'nosuchname'"):
+        lazykern.nosuchname

@@ -1,13 +1,13 @@
-"""UCI loader: layout, splits, standardization, subsampling, and the verified download cache."""
+"""UCI loader: layout, splits, standardization, subsampling, and the verified download cache.
+
+Everything runs on the session's small uci_datasets-layout fixture and a local HTTP mirror; the
+tests that take ``data_dir`` check the real copy (and skip without it).
+"""
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import http.server
-import shutil
-import threading
-from pathlib import Path
+import socket
 
 import numpy as np
 import pytest
@@ -17,45 +17,35 @@ from scipy.spatial.distance import cdist
 from lazykern.data import DATASETS, DownloadError, fetch_uci, load_uci, locate_uci, synthetic_additive
 from lazykern.data.checksums import SHA256
 
-
-def read_raw(folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    with gzip.open(folder / "data.csv.gz", "rt") as f:
-        data = np.loadtxt(f, delimiter=",")
-    with gzip.open(folder / "test_mask.csv.gz", "rt") as f:
-        mask = np.loadtxt(f, delimiter=",") != 0
-    return data, mask
-
-
-@pytest.fixture(scope="module")
-def pol_raw(data_dir: Path) -> tuple[np.ndarray, np.ndarray]:
-    return read_raw(data_dir / "pol")
+from .conftest import FILES, read_raw
 
 
 def original_x(data, x: torch.Tensor) -> np.ndarray:
     return (x * data.x_std + data.x_mean).numpy()
 
 
-def test_shapes_and_split_match_the_mask(data_dir, pol_raw):
-    raw, mask = pol_raw
-    assert raw.shape == (15000, 27) and mask.shape == (15000, 10)
-    data = load_uci("pol", split=3, data_dir=data_dir)
+def test_shapes_and_split_match_the_mask(uci_fixture):
+    raw, mask = uci_fixture.raw("pol")
+    n, width = raw.shape
+    data = load_uci("pol", split=3, data_dir=uci_fixture.root)
     test = mask[:, 3]
-    assert data.train_x.shape == (int((~test).sum()), 26) and data.train_y.shape == (data.n_train,)
-    assert data.test_x.shape == (int(test.sum()), 26) and data.test_y.shape == (data.n_test,)
-    assert data.n_train + data.n_test == 15000 and data.d == 26
+    assert data.train_x.shape == (int((~test).sum()), width - 1) and data.train_y.shape == (data.n_train,)
+    assert data.test_x.shape == (int(test.sum()), width - 1) and data.test_y.shape == (data.n_test,)
+    assert data.n_train + data.n_test == n and data.d == width - 1
     # Train and test are the complementary row sets of the mask column, in file order.
-    np.testing.assert_allclose(original_x(data, data.train_x), raw[~test, :-1], atol=1e-9)
-    np.testing.assert_allclose(original_x(data, data.test_x), raw[test, :-1], atol=1e-9)
-    np.testing.assert_allclose(data.y_to_original(data.test_y).numpy(), raw[test, -1], atol=1e-9)
-    other = load_uci("pol", split=4, data_dir=data_dir)
+    np.testing.assert_allclose(original_x(data, data.train_x), raw[~test, :-1], rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(original_x(data, data.test_x), raw[test, :-1], rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(data.y_to_original(data.test_y).numpy(), raw[test, -1], rtol=1e-12)
+    other = load_uci("pol", split=4, data_dir=uci_fixture.root)
     assert not torch.equal(other.test_y, data.test_y)
 
 
-def test_standardized_with_training_statistics(data_dir, pol_raw):
-    raw, mask = pol_raw
-    data = load_uci("pol", split=0, data_dir=data_dir)
+def test_standardized_with_training_statistics(uci_fixture):
+    raw, mask = uci_fixture.raw("pol")
+    data = load_uci("pol", split=0, data_dir=uci_fixture.root)
     train = raw[~mask[:, 0]]
     std = train.std(0)
+    assert (std == 0).sum() == 1, "the fixture has one constant input column"
     std[std == 0] = 1.0
     np.testing.assert_allclose(data.x_mean.numpy(), train[:, :-1].mean(0), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(data.x_std.numpy(), std[:-1], rtol=1e-12)
@@ -63,23 +53,25 @@ def test_standardized_with_training_statistics(data_dir, pol_raw):
     np.testing.assert_allclose(data.train_x.mean(0).numpy(), 0.0, atol=1e-10)
     varying = train[:, :-1].std(0) > 0
     np.testing.assert_allclose(data.train_x.std(0, unbiased=False).numpy()[varying], 1.0, rtol=1e-10)
+    np.testing.assert_array_equal(data.train_x.numpy()[:, ~varying], 0.0)
     assert float(data.train_y.mean()) == pytest.approx(0.0, abs=1e-10)
     assert float(data.train_y.std(unbiased=False)) == pytest.approx(1.0, rel=1e-10)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_dtype_and_device(data_dir, dtype):
-    data = load_uci("pol", n_train=100, dtype=dtype, device="cpu", data_dir=data_dir)
+def test_dtype_and_device(uci_fixture, dtype):
+    data = load_uci("pol", n_train=100, dtype=dtype, device="cpu", data_dir=uci_fixture.root)
     for t in (data.train_x, data.train_y, data.test_x, data.test_y, data.x_mean, data.x_std):
         assert t.dtype == dtype and t.device.type == "cpu" and t.is_contiguous()
 
 
-def test_subsampling_is_deterministic_and_a_subset(data_dir, pol_raw):
-    raw, mask = pol_raw
-    a = load_uci("pol", n_train=500, seed=7, data_dir=data_dir)
-    b = load_uci("pol", n_train=500, seed=7, data_dir=data_dir)
-    c = load_uci("pol", n_train=500, seed=8, data_dir=data_dir)
-    assert a.n_train == 500 and a.n_test == int(mask[:, 0].sum())
+def test_subsampling_is_deterministic_and_a_subset(uci_fixture):
+    raw, mask = uci_fixture.raw("pol")
+    root = uci_fixture.root
+    a = load_uci("pol", n_train=150, seed=7, data_dir=root)
+    b = load_uci("pol", n_train=150, seed=7, data_dir=root)
+    c = load_uci("pol", n_train=150, seed=8, data_dir=root)
+    assert a.n_train == 150 and a.n_test == int(mask[:, 0].sum())
     assert torch.equal(a.train_x, b.train_x) and torch.equal(a.train_y, b.train_y)
     assert not torch.equal(a.train_x, c.train_x)
     # Statistics come from the subset: it is standardized exactly.
@@ -88,9 +80,9 @@ def test_subsampling_is_deterministic_and_a_subset(data_dir, pol_raw):
     assert distances.min(axis=1).max() < 1e-8, "every subsampled point is a training point of the split"
 
 
-def test_environment_variable_locates_data(data_dir, monkeypatch):
-    monkeypatch.setenv("LAZYKERN_DATA", str(data_dir))
-    assert locate_uci("pol") == data_dir / "pol"
+def test_environment_variable_locates_data(uci_fixture, monkeypatch):
+    monkeypatch.setenv("LAZYKERN_DATA", str(uci_fixture.root))
+    assert locate_uci("pol") == uci_fixture.root / "pol"
     assert load_uci("pol", n_train=10).n_train == 10
 
 
@@ -101,16 +93,16 @@ def test_environment_variable_locates_data(data_dir, monkeypatch):
         ({"name": "pol", "split": 10}, ValueError, r"split must be an int in 0\.\.9"),
         ({"name": "pol", "split": -1}, ValueError, "split"),
         ({"name": "pol", "n_train": 0}, ValueError, "n_train must be a positive int"),
-        ({"name": "pol", "n_train": 13501}, ValueError, "exceeds the 13500 training points"),
+        ({"name": "pol", "n_train": 361}, ValueError, "n_train=361 exceeds the 360 training points of pol split 0"),
         ({"name": "pol", "dtype": torch.int64}, TypeError, "dtype must be"),
         ({"name": "pol", "device": "nodevice"}, ValueError, "device must be"),
         ({"name": 3}, TypeError, "name must be a str"),
     ],
 )
-def test_bad_arguments(data_dir, kwargs, error, match):
+def test_bad_arguments(uci_fixture, kwargs, error, match):
     name = kwargs.pop("name")
     with pytest.raises(error, match=match):
-        load_uci(name, data_dir=data_dir, **kwargs)
+        load_uci(name, data_dir=uci_fixture.root, **kwargs)
 
 
 def test_missing_folders(tmp_path):
@@ -133,12 +125,13 @@ def test_a_custom_folder_in_the_layout_loads(tmp_path):
     np.testing.assert_allclose(data.y_to_original(data.test_y).numpy(), rows[:5, 1])
 
 
-def test_checksums_match_the_shared_copy(data_dir):
-    folders = sorted(p.name for p in data_dir.iterdir() if (p / "data.csv.gz").exists())
-    assert set(folders) <= set(DATASETS)
-    for name in folders:
-        for file, expected in zip(("data.csv.gz", "test_mask.csv.gz"), SHA256[name]):
-            assert hashlib.sha256((data_dir / name / file).read_bytes()).hexdigest() == expected, (name, file)
+def test_a_folder_not_in_the_layout_is_named(tmp_path):
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    np.savetxt(folder / "data.csv.gz", np.ones((20, 3)), delimiter=",")
+    np.savetxt(folder / "test_mask.csv.gz", np.zeros((20, 9)), delimiter=",", fmt="%d")
+    with pytest.raises(ValueError, match=r"not in the uci_datasets layout.*\(20, 9\).*expected \(20, 10\)"):
+        load_uci("bad", data_dir=tmp_path)
 
 
 def test_synthetic_additive_is_standardized_and_seeded():
@@ -151,64 +144,47 @@ def test_synthetic_additive_is_standardized_and_seeded():
         synthetic_additive(10, 10, 0)
 
 
-# ---------------------------------------------------------------- download path
+# ---------------------------------------------------------------- the real copy (may skip)
 
 
-class _Server:
-    """A static file server on 127.0.0.1 that counts requests."""
-
-    def __init__(self, root: Path) -> None:
-        self.requests: list[str] = []
-        server = self
-
-        class Handler(http.server.SimpleHTTPRequestHandler):
-            def __init__(self, *args, **kwargs):
-                super().__init__(*args, directory=str(root), **kwargs)
-
-            def do_GET(self):
-                server.requests.append(self.path)
-                super().do_GET()
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/uci"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+def test_real_pol_has_the_published_shape(data_dir):
+    raw, mask = read_raw(data_dir / "pol")
+    assert raw.shape == (15000, 27) and mask.shape == (15000, 10)
+    assert (mask.sum(1) == 1).all(), "every point is a test point of exactly one split"
+    data = load_uci("pol", split=0, data_dir=data_dir)
+    assert (data.n_train, data.n_test, data.d) == (13500, 1500, 26)
 
 
-@pytest.fixture
-def mirror(data_dir, tmp_path):
-    """A copy of the yacht files served over HTTP, and the served folder (to corrupt it)."""
-    served = tmp_path / "www" / "uci" / "yacht"
-    shutil.copytree(data_dir / "yacht", served)
-    server = _Server(tmp_path / "www")
-    yield server, served
-    server.close()
+def test_checksums_match_the_shared_copy(data_dir):
+    folders = sorted(p.name for p in data_dir.iterdir() if (p / "data.csv.gz").exists())
+    assert set(folders) <= set(DATASETS)
+    for name in folders:
+        for file, expected in zip(FILES, SHA256[name]):
+            assert hashlib.sha256((data_dir / name / file).read_bytes()).hexdigest() == expected, (name, file)
 
 
-def test_download_verifies_and_caches(mirror, data_dir, tmp_path, monkeypatch):
-    server, _ = mirror
+# ---------------------------------------------------------------- download path (local mirror, no network)
+
+
+def test_download_verifies_and_caches(uci_mirror, uci_fixture, tmp_path, monkeypatch, capsys):
+    server, _ = uci_mirror
     cache = tmp_path / "cache"
     folder = fetch_uci("yacht", cache_dir=cache, base_url=server.url)
     assert folder == cache / "yacht"
     assert sorted(server.requests) == ["/uci/yacht/data.csv.gz", "/uci/yacht/test_mask.csv.gz"]
-    for file in ("data.csv.gz", "test_mask.csv.gz"):
-        assert (folder / file).read_bytes() == (data_dir / "yacht" / file).read_bytes()
+    for file in FILES:
+        assert (folder / file).read_bytes() == (uci_fixture.root / "yacht" / file).read_bytes()
     assert not list(folder.glob("*.part"))
+    assert capsys.readouterr().err == "", "no progress bar unless asked for"
 
     fetch_uci("yacht", cache_dir=cache, base_url=server.url)
     assert len(server.requests) == 2, "a verified cache must not be downloaded again"
 
-    # A cached file damaged on disk is detected and fetched again.
+    # A cached file damaged on disk is detected and fetched again, with a progress bar when asked.
     (folder / "test_mask.csv.gz").write_bytes(b"damaged")
-    fetch_uci("yacht", cache_dir=cache, base_url=server.url)
+    fetch_uci("yacht", cache_dir=cache, base_url=server.url, progress=True)
     assert server.requests[2:] == ["/uci/yacht/test_mask.csv.gz"]
+    assert f"downloading {server.url}/yacht/test_mask.csv.gz" in capsys.readouterr().err
 
     # load_uci falls back to the cache (XDG_CACHE_HOME) and the mirror (LAZYKERN_UCI_URL).
     monkeypatch.delenv("LAZYKERN_DATA", raising=False)
@@ -216,11 +192,12 @@ def test_download_verifies_and_caches(mirror, data_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("LAZYKERN_UCI_URL", server.url)
     data = load_uci("yacht", split=2)
     assert (tmp_path / "xdg" / "lazykern" / "uci" / "yacht" / "data.csv.gz").is_file()
-    assert data.n_train + data.n_test == 308 and data.d == 6
+    raw, mask = uci_fixture.raw("yacht")
+    assert (data.n_train, data.n_test, data.d) == (int((~mask[:, 2]).sum()), int(mask[:, 2].sum()), raw.shape[1] - 1)
 
 
-def test_corrupted_download_is_rejected_and_not_cached(mirror, tmp_path):
-    server, served = mirror
+def test_corrupted_download_is_rejected_and_not_cached(uci_mirror, tmp_path):
+    server, served = uci_mirror
     payload = bytearray((served / "data.csv.gz").read_bytes())
     payload[len(payload) // 2] ^= 0xFF
     (served / "data.csv.gz").write_bytes(bytes(payload))
@@ -231,14 +208,15 @@ def test_corrupted_download_is_rejected_and_not_cached(mirror, tmp_path):
     assert not list((cache / "yacht").glob("*.part"))
 
 
-def test_offline_is_a_clear_error(tmp_path):
-    import socket
-
-    with socket.socket() as s:  # a port nobody listens on
+def free_port() -> int:
+    with socket.socket() as s:  # a port nobody listens on once closed
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def test_offline_is_a_clear_error(tmp_path):
     with pytest.raises(DownloadError, match="could not download .*set LAZYKERN_DATA"):
-        fetch_uci("yacht", cache_dir=tmp_path, base_url=f"http://127.0.0.1:{port}")
+        fetch_uci("yacht", cache_dir=tmp_path, base_url=f"http://127.0.0.1:{free_port()}")
     assert not (tmp_path / "yacht" / "data.csv.gz").exists()
 
 

@@ -9,6 +9,11 @@ splits). The folder is looked for, in order, in
 3. the download cache (``$XDG_CACHE_HOME/lazykern/uci``, by default ``~/.cache/lazykern/uci``),
    filled on first use from the public uci_datasets repository and checked against the SHA-256
    digests in :mod:`lazykern.data.checksums`.
+
+The data are Trefor Evans' uci_datasets collection (github.com/treforevans/uci_datasets, MIT
+licence): the regression datasets of the UCI machine learning repository, cleaned, with the
+standard splits used across the Gaussian-process literature. The original datasets keep the terms
+of the UCI repository and of their donors.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import numpy as np
 import torch
 from filelock import FileLock
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from .checksums import SHA256
 
@@ -138,7 +144,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _download(url: str, target: Path, expected_sha256: str) -> None:
+def _download(url: str, target: Path, expected_sha256: str, progress: bool) -> None:
     # Written to a temporary file in the cache folder and renamed only once the digest matches, so
     # an interrupted or corrupted download never looks like a cached file.
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
@@ -147,10 +153,14 @@ def _download(url: str, target: Path, expected_sha256: str) -> None:
         digest = hashlib.sha256()
         with os.fdopen(fd, "wb") as out:
             try:
-                with urllib.request.urlopen(url, timeout=_TIMEOUT_SECONDS) as response:
-                    for block in iter(lambda: response.read(1 << 20), b""):
+                with urllib.request.urlopen(url, timeout=_TIMEOUT_SECONDS) as response, tqdm(
+                    total=int(response.headers.get("Content-Length") or 0) or None, unit="B", unit_scale=True,
+                    desc=f"downloading {url}", disable=not progress,
+                ) as bar:
+                    for block in iter(lambda: response.read(1 << 16), b""):
                         digest.update(block)
                         out.write(block)
+                        bar.update(len(block))
             except (urllib.error.URLError, OSError) as err:
                 reason = getattr(err, "reason", err)
                 raise DownloadError(
@@ -167,7 +177,9 @@ def _download(url: str, target: Path, expected_sha256: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def fetch_uci(name: str, cache_dir: str | os.PathLike | None = None, base_url: str | None = None) -> Path:
+def fetch_uci(
+    name: str, cache_dir: str | os.PathLike | None = None, base_url: str | None = None, *, progress: bool = False
+) -> Path:
     """Download a dataset's two files into the cache (once) and return its folder.
 
     Each file is fetched from ``{base_url}/{name}/{file}``, its SHA-256 compared with
@@ -180,6 +192,7 @@ def fetch_uci(name: str, cache_dir: str | os.PathLike | None = None, base_url: s
         cache_dir: cache root (default :func:`default_cache_dir`).
         base_url: URL of the folder that holds one sub-folder per dataset (default: the
             ``LAZYKERN_UCI_URL`` environment variable, else :data:`DEFAULT_BASE_URL`).
+        progress: show a progress bar (on stderr) while a file downloads.
 
     Raises:
         DownloadError: offline, HTTP error, or a digest mismatch (nothing is cached then).
@@ -199,11 +212,11 @@ def fetch_uci(name: str, cache_dir: str | os.PathLike | None = None, base_url: s
             target = folder / file
             if target.exists() and _sha256(target) == expected:
                 continue
-            _download(f"{base_url}/{name}/{file}", target, expected)
+            _download(f"{base_url}/{name}/{file}", target, expected, progress)
     return folder
 
 
-def locate_uci(name: str, data_dir: str | os.PathLike | None = None) -> Path:
+def locate_uci(name: str, data_dir: str | os.PathLike | None = None, *, progress: bool = False) -> Path:
     """The folder holding a dataset's files: ``data_dir``, else ``LAZYKERN_DATA``, else the download cache.
 
     A folder given explicitly (argument or environment variable) must hold the dataset; nothing is
@@ -213,6 +226,7 @@ def locate_uci(name: str, data_dir: str | os.PathLike | None = None) -> Path:
     Args:
         name: dataset name (the folder name).
         data_dir: folder holding one sub-folder per dataset.
+        progress: show a progress bar (on stderr) if the dataset has to be downloaded.
 
     Example:
         >>> from lazykern.data import locate_uci
@@ -225,7 +239,7 @@ def locate_uci(name: str, data_dir: str | os.PathLike | None = None) -> Path:
     if data_dir is None and os.environ.get("LAZYKERN_DATA"):
         data_dir, source = os.environ["LAZYKERN_DATA"], "LAZYKERN_DATA"
     if data_dir is None:
-        return fetch_uci(name)
+        return fetch_uci(name, progress=progress)
     root = Path(data_dir)
     folder = root / name
     if all((folder / file).is_file() for file in FILES):
@@ -263,6 +277,7 @@ def load_uci(
     dtype: torch.dtype = torch.float64,
     device: str | torch.device = "cpu",
     data_dir: str | os.PathLike | None = None,
+    progress: bool = False,
 ) -> UCISplit:
     r"""Load one train/test split of a UCI dataset as standardized tensors.
 
@@ -279,6 +294,7 @@ def load_uci(
         dtype: ``torch.float32`` or ``torch.float64``.
         device: device of the returned tensors.
         data_dir: folder with one sub-folder per dataset (see :func:`locate_uci`).
+        progress: show a progress bar (on stderr) if the dataset has to be downloaded.
 
     Raises:
         ValueError / TypeError: a bad argument (checked before any file is read).
@@ -305,7 +321,7 @@ def load_uci(
     except (RuntimeError, TypeError) as err:
         raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda', got {device!r}") from err
 
-    folder = locate_uci(name, data_dir)
+    folder = locate_uci(name, data_dir, progress=progress)
     data = _read_csv(folder / "data.csv.gz", np.float64)
     test_mask = _read_csv(folder / "test_mask.csv.gz", np.float64) != 0
     if test_mask.shape != (data.shape[0], NUM_SPLITS) or data.shape[1] < 2:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import gpytorch
 import torch
 from gpytorch.kernels import Kernel
@@ -94,12 +96,17 @@ class KernelRidge:
         with gpytorch.settings.lazily_evaluate_kernels(False):
             return to_linear_operator(self.kernel(x1, x2))
 
-    def fit(self, X: Tensor, y: Tensor) -> "KernelRidge":
+    def fit(
+        self, X: Tensor, y: Tensor, *, callback: Callable[[int, Tensor, Tensor], None] | None = None
+    ) -> "KernelRidge":
         """Solve :math:`(K_{XX} + \\alpha I) A = y` for the dual coefficients.
 
         Args:
             X: ``(N, D)`` finite training inputs (float32/float64).
             y: ``(N,)`` or ``(N, k)`` finite targets, same dtype as ``X``.
+            callback: passed to :func:`~lazykern.solvers.cg`, which calls it after every iteration as
+                ``callback(iteration, coefficients, relative_residuals)`` (recursive residuals; a progress
+                bar, a convergence trace).
 
         Returns:
             ``self``.
@@ -121,7 +128,7 @@ class KernelRidge:
                 precond = JacobiPreconditioner(K, shift=self.alpha)
             else:
                 precond = None
-            coef, result = cg(A, y, precond=precond, tol=self.tol, max_iter=self.max_iter)
+            coef, result = cg(A, y, precond=precond, tol=self.tol, max_iter=self.max_iter, callback=callback)
         self.X_fit_ = X
         self.dual_coef_ = coef
         self.fit_result_: CGResult = result

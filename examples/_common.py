@@ -1,0 +1,58 @@
+"""What the examples share: their command line, where they write files, where their data come from,
+and one-line errors (like the ``lazykern`` command's) instead of tracebacks for mistakes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+OUT_DEFAULT = Path(__file__).resolve().parent / "output"
+"""Where the examples write files unless ``--out`` says otherwise (git-ignored)."""
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``<example>: error: <message>`` on one line of stderr and exit with status 2."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        fail(f"{message} (see --help)")
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The example's argument parser with the options every example has: ``--out`` and ``--data-dir``.
+    Its description is the docstring's first two paragraphs (the title and the command)."""
+    p = _Parser(description="\n\n".join(doc.strip().split("\n\n")[:2]),
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=OUT_DEFAULT,
+                   help=f"folder for the files it writes (default: {OUT_DEFAULT})")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="folder with one sub-folder per UCI dataset (default: $LAZYKERN_DATA, else downloaded)")
+    return p
+
+
+def load(name: str, *, n_train: int, dtype, split: int = 0, data_dir: Path | None = None):
+    """The UCI dataset ``name`` (split, subset of ``n_train`` training points), or, for
+    ``name == "synthetic"``, :func:`lazykern.data.synthetic_additive` (6 inputs, no files needed).
+    Mistakes (unknown name, missing folder, offline, too many points) end the example in one line."""
+    from lazykern.data import load_uci, synthetic_additive
+
+    try:
+        if name == "synthetic":
+            return synthetic_additive(n_train, 500, 6, dtype=dtype)
+        return load_uci(name, split, n_train=n_train, dtype=dtype, data_dir=data_dir, progress=True)
+    except (ValueError, TypeError, OSError) as err:
+        fail(str(err))
+
+
+def output(folder: Path, name: str) -> Path:
+    """``folder / name``, creating the folder."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        fail(f"--out {folder}: {err.strerror}")
+    return folder / name
