@@ -1,7 +1,8 @@
 r"""Compile generated reductions with ``g++`` into a cache folder and load them with ``ctypes``.
 
-One shared library per :class:`~lazykern.cpu.codegen.Reduction`, named by a hash of its
-canonical form (the expression graph, its bindings and outputs, the dtype), in the folder
+One shared library per :class:`~lazykern.cpu.codegen.Reduction`, named by a hash of its generated
+source (so the expression graph, its bindings and outputs, the dtype, and the generator itself), in
+the folder
 :func:`lazykern.keops.build_folder` gives for the engine's full flag set (so the folder also
 changes with the flags, the compiler and the CPU model, exactly as for lazykern's KeOps
 reductions). Parameter *values* are runtime arguments, never part of the key.
@@ -11,8 +12,8 @@ switches that let glibc's vector ``exp``/``log``/``sin`` be called without ``-ff
 same opt-out, ``LAZYKERN_KEOPS_FLAGS``, applies). ``-ffast-math`` is never used: loading a library
 linked with ``crtfastmath.o`` turns on flush-to-zero in the whole process.
 
-Only C headers are included (no torch or pybind11 headers), so a reduction compiles in about a
-second. A file lock per library makes concurrent processes wait for one compile; the library is
+The source is C with C headers only (no torch, pybind11 or C++ standard library headers), so a
+reduction compiles in about a second. A file lock per library makes concurrent processes wait for one compile; the library is
 written under a temporary name and renamed into place, so a reader never sees half a file.
 """
 
@@ -43,7 +44,7 @@ compile_log: list[tuple[str, float]] = []
 
 
 def compiler() -> str | None:
-    """The C++ compiler KeOps is configured with, when it can be found on ``PATH``."""
+    """The compiler KeOps is configured with (``g++``, which builds the engine's C as C), when on ``PATH``."""
     from keopscore.config import config
 
     cxx = config.get_cxx_compiler() or "g++"

@@ -1,4 +1,4 @@
-r"""C++ source for one reduction over pairs, generated from an expression graph.
+r"""C source for one reduction over pairs, generated from an expression graph.
 
 A :class:`Reduction` says what to compute for every *outer* row :math:`i` (one side of the pair)
 as a loop over the *inner* points :math:`j` (the other side):
@@ -24,9 +24,10 @@ The loop nest (what makes it fast on a CPU):
   fixed order: vectorized without reassociation flags (no ``-ffast-math``).
 
 Example:
+    >>> from lazykern.cpu.reductions import _program
     >>> from lazykern.formulas import StationaryFormula
-    >>> red = matmul_reduction(StationaryFormula("rbf"), 3, {}, "double")  # doctest: +SKIP
-    >>> "omp simd" in generate(red)  # doctest: +SKIP
+    >>> red = _program(StationaryFormula("rbf"), "mm", 3, 3, (), "double")
+    >>> "omp simd" in generate(red)
     True
 """
 
@@ -105,7 +106,7 @@ def compact(graph: Graph, outputs: list[int]) -> tuple[tuple[Node, ...], dict[in
 
 
 def generate(red: Reduction, name: str = "lk_reduce") -> str:
-    """The C++ source of ``red`` as ``extern "C" void <name>(void* const* ptr, const int64_t* bstride,
+    """The C source of ``red`` as ``void <name>(void* const* ptr, const int64_t* bstride,
     int64_t batch, int64_t n, int64_t m, int64_t mp, int64_t c, int64_t threads)``: ``ptr`` holds
     the buffers in :meth:`Reduction.operands` order, ``bstride`` their batch strides (elements),
     ``n`` the outer rows, ``m`` the inner points (``mp``: padded length of dimension-major rows),
@@ -162,8 +163,8 @@ class _Writer:
             node = self.nodes[z]
             if node.op in ("sum", "concat") and z in self.consumers:
                 mat.add(z)
-            elif node.width == 1 and any(self.nodes[u].width > 1 for u in self.consumers.get(z, ())):
-                mat.add(z)
+            elif node.op != "in" and node.width == 1 and any(self.nodes[u].width > 1 for u in self.consumers.get(z, ())):
+                mat.add(z)  # (a pair weight is a tile array already)
         for root in ([self.red.matmul[0]] if self.red.matmul else []) + ([self.red.store] if self.red.store is not None else []):
             mat.add(root)
         return mat
@@ -372,9 +373,14 @@ class _Writer:
                 if not (self.nodes[a].op == "const" and self.nodes[a].attr == 0.0):
                     items.append((deps(a, None), self.nodes[a].width, ("out", a, off, fold)))
             offset += self.nodes[z].width
+        # Outputs feed nothing, so they can run as late as wanted: each goes to the last loop of its
+        # width, where it shares the subexpressions (exponentials) of everything computed there.
+        last: dict[int, int] = {}
+        for lv, width, _ in items:
+            last[width] = max(last.get(width, 0), lv)
         groups: dict[tuple[int, int], list[tuple]] = {}
         for lv, width, item in items:
-            groups.setdefault((lv, width), []).append(item)
+            groups.setdefault((last[width] if item[0] == "out" else lv, width), []).append(item)
         return groups
 
     def _split(self, z: int, offset: int, mat: set[int]) -> list[tuple[int, int, bool]]:
