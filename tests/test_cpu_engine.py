@@ -340,6 +340,29 @@ def test_any_formula_values_gradients_and_non_even_symmetric_pass():
         assert_close(g, e)
 
 
+def second_order(x1, x2, scales):
+    """The order-2 interaction kernel sum_{d < d'} z_d z_d' by Newton's identity (p1^2 - p2) / 2,
+    z_d = s_d exp(-(x_d - x'_d)^2 / 2): power sums over the feature axis, then scalar algebra."""
+    z = scales * (-0.5 * (x1 - x2) ** 2).exp()
+    p1, p2 = _sum(z), _sum(z**2)
+    return 0.5 * (p1 * p1 - p2)
+
+
+def test_power_sum_formula():
+    x1, x2 = inputs()
+    scales = torch.rand(1, D, dtype=DT).add(0.5).requires_grad_()
+    rhs = torch.randn(M, 2, dtype=DT, requires_grad=True)
+    weights = torch.randn(N, 2, dtype=DT)
+    tensors = [x1, x2, rhs, scales]
+    out = cpu.matmul(second_order, x1, x2, {"scales": scales}, rhs)
+    z = scales * torch.exp(-0.5 * (x1[:, None, :] - x2[None, :, :]) ** 2)  # (N, M, D), from the math
+    K = sum(z[..., d] * z[..., e] for d in range(D) for e in range(d + 1, D))
+    expected = K @ rhs
+    assert_close(out, expected)
+    for g, e in zip(grads(out, weights, tensors), grads(expected, weights, tensors)):
+        assert_close(g, e)
+
+
 # ---------------------------------------------------------------------------- supports, errors
 def test_supports_declines_what_it_cannot_generate():
     x = torch.randn(10, D, dtype=DT)

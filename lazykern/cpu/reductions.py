@@ -44,6 +44,7 @@ __all__ = ["matmul", "dense", "symmetric_gradients", "supports"]
 _DTYPES = {torch.float32: "float", torch.float64: "double"}
 # Dimension-major rows are padded to a multiple of this many entries (64-byte aligned rows).
 _ALIGN = 16
+_PAIRS_PER_THREAD = 1 << 15
 
 
 # ---------------------------------------------------------------------------- programs
@@ -163,7 +164,13 @@ def _run(red: Reduction, buffers: dict[str, tuple[Tensor, int]], nb: int, n: int
     roles = red.operands()
     ptrs = (ctypes.c_void_p * len(roles))(*[buffers[r][0].data_ptr() for r in roles])
     strides = (ctypes.c_int64 * len(roles))(*[buffers[r][1] for r in roles])
-    fn(ptrs, strides, nb, n, m, mp, c, torch.get_num_threads())
+    fn(ptrs, strides, nb, n, m, mp, c, _threads(nb * n * m))
+
+
+def _threads(pairs: int) -> int:
+    """torch's thread count, but one thread per ``_PAIRS_PER_THREAD`` pairs at most: waking a
+    thread costs more than a small reduction (tens of milliseconds on a loaded machine)."""
+    return max(1, min(torch.get_num_threads(), pairs // _PAIRS_PER_THREAD))
 
 
 def _batch(*tensors: Tensor) -> torch.Size:

@@ -149,6 +149,8 @@ class Graph:
         return self._add(op, (a, b), None, w)
 
     def power(self, a: int, p: float) -> int:
+        if p == 0.0:
+            return self.const(1.0, self.width(a))
         if p == 1.0:
             return a
         if p == 2.0:
@@ -157,6 +159,17 @@ class Graph:
             return self.unary("sqrt", a)
         if p == -0.5:
             return self.unary("rsqrt", a)
+        if p == int(p) and 2 <= abs(p) <= 16:
+            # Integer powers (power sums, polynomial profiles) by squaring: a few multiplies, exact
+            # at negative bases, where pow() would be a library call.
+            k, result, base = int(abs(p)), None, a
+            while k:
+                if k & 1:
+                    result = base if result is None else self.binary("mul", result, base)
+                k >>= 1
+                if k:
+                    base = self.binary("mul", base, base)
+            return result if p > 0 else self.binary("div", self.const(1.0), result)
         return self._add("pow", (a,), float(p), self.width(a))
 
     # ------------------------------------------------------------------ feature axis
