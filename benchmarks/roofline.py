@@ -13,8 +13,11 @@ standard normal), C right-hand sides, float32 and float64, measured as pair.dim/
   the process (as in a training step: formulas compiled before, on 1000 points);
 * ``grad-engine`` / ``grad-keops``: the fused gradient pass of a training step,
   ``symmetric_gradients`` (x and the 26 scales) on each engine;
-* ``compile``: compile seconds of each engine pass for every stationary formula (d = 26, float32),
-  into an empty cache.
+* ``paired``: reference, engine and KeOps called in turn in ONE process, round after round; the
+  median of each round's ratio is the steadiest same-run comparison on a shared machine (the
+  reference library is linked without ``-ffast-math``, so loading it changes no float mode: checked);
+* compile seconds of each engine pass for every stationary formula (d = 26, float32), into an empty
+  cache.
 
 Every measurement runs in a fresh subprocess (the reference too, so nothing it loads can touch the
 others), with one untimed warm-up at 1000 points, then ``--repeats`` timed calls: the median of
@@ -53,7 +56,8 @@ REFERENCE_SOURCE = ROOT / "benchmarks" / "roofline_ref.c"
 D = 26
 WARMUP_POINTS = 1000
 BLOCK = 64  # B in roofline_ref.c
-METHODS = ("reference", "keops", "keops-unpadded", "engine", "dense-engine", "dense-torch", "grad-engine", "grad-keops")
+METHODS = ("reference", "keops", "keops-unpadded", "engine", "dense-engine", "dense-torch", "grad-engine", "grad-keops",
+           "paired")
 DTYPES = ("float32", "float64")
 
 
@@ -84,21 +88,21 @@ def _timed(fn, repeats: int) -> dict:
     }
 
 
-def child(spec: dict) -> dict:
+def _maker(method: str, dtype_name: str, c: int, n: int, data: str):
+    """``make(k)``: a no-argument callable running ``method`` on the first ``k`` points."""
     import torch
 
     from lazykern import backend, cpu, settings
-    from lazykern.cpu import build
     from lazykern.formulas import StationaryFormula
     from lazykern.keops import keops_lazy_tensor, keops_session
 
-    dtype = getattr(torch, spec["dtype"])
-    n, c, method = spec["n"], spec["c"], spec["method"]
-    x, _ = _inputs(max(n, WARMUP_POINTS), torch.float64, spec["data"])
+    dtype = getattr(torch, dtype_name)
+    x, _ = _inputs(max(n, WARMUP_POINTS), torch.float64, data)
     x = (x / 2.0).to(dtype)[: max(n, WARMUP_POINTS)].contiguous()  # lengthscale 2 on standardized inputs
     gen = torch.Generator().manual_seed(1)
     scales = (torch.rand(1, D, generator=gen, dtype=torch.float64) + 0.5).to(dtype)
     v = torch.randn(x.shape[0], c, generator=gen, dtype=torch.float64).to(dtype)
+    w = torch.randn(x.shape[0], c, generator=gen, dtype=torch.float64).to(dtype)
     formula = StationaryFormula("rbf", additive=True)
 
     def pick(k: int):
@@ -106,8 +110,7 @@ def child(spec: dict) -> dict:
 
     if method == "reference":
         folder = Path(tempfile.mkdtemp(prefix="lazykern-roofline-"))
-        lib = _reference_library(folder)
-        fn = getattr(lib, f"reference_{spec['dtype']}")
+        fn = getattr(_reference_library(folder), f"reference_{dtype_name}")
 
         def make(k: int):
             xk, vk = pick(k)
@@ -117,17 +120,20 @@ def child(spec: dict) -> dict:
             vt = torch.zeros(c, mp, dtype=dtype)
             vt[:, :k] = vk.T
             out = torch.empty(k, c, dtype=dtype)
-            s = scales.reshape(-1).contiguous()
-            buffers = (xk, x2t, s, vt, out)  # kept alive by the closure: ctypes holds raw pointers only
+            buffers = (xk, x2t, scales.reshape(-1).contiguous(), vt, out)  # kept alive by the closure
             sizes = [ctypes.c_int64(k), ctypes.c_int64(mp), ctypes.c_int64(D), ctypes.c_int64(c)]
             return lambda: fn(*sizes, *[ctypes.c_void_p(t.data_ptr()) for t in buffers])
 
-    elif method in ("keops", "engine"):
+    elif method == "engine":
 
         def make(k: int):
             xk, vk = pick(k)
-            if method == "engine":
-                return lambda: cpu.matmul(formula, xk, xk, {"scales": scales}, vk)
+            return lambda: cpu.matmul(formula, xk, xk, {"scales": scales}, vk)
+
+    elif method == "keops":
+
+        def make(k: int):
+            xk, vk = pick(k)
 
             def run():
                 with settings.engine("keops"):
@@ -163,23 +169,70 @@ def child(spec: dict) -> dict:
 
     elif method in ("grad-engine", "grad-keops"):
         s = scales.clone().requires_grad_()
+        engine = cpu if method == "grad-engine" else backend
 
         def make(k: int):
             xk, vk = pick(k)
             xk = xk.clone().requires_grad_()
-            wk = torch.randn(k, c, generator=gen, dtype=torch.float64).to(dtype)
-            engine = cpu if method == "grad-engine" else backend
+            wk = w[:k].contiguous()
             return lambda: engine.symmetric_gradients(formula, xk, {"scales": s}, vk, wk)
 
     else:
         raise ValueError(method)
+    return make
 
+
+def child(spec: dict) -> dict:
+    import torch
+
+    from lazykern.cpu import build
+
+    n, repeats = spec["n"], spec["repeats"]
+    if spec["method"] == "paired":
+        return paired(spec)
+    make = _maker(spec["method"], spec["dtype"], spec["c"], n, spec["data"])
     compiled_before = len(build.compile_log)
     make(WARMUP_POINTS)()  # compiles, lazy imports
-    record = _timed(make(n), spec["repeats"])
+    record = _timed(make(n), repeats)
     record["engine_compiles_in_warmup"] = build.compile_log[compiled_before:]
     record["threads"] = torch.get_num_threads()
     return record
+
+
+PAIRED = (("reference", 12), ("engine", 12), ("keops", 12), ("reference", 16), ("engine", 16))
+
+
+def paired(spec: dict) -> dict:
+    """Reference, engine and KeOps called in turn in one process, ``repeats`` rounds: each round's
+    ratios compare calls made seconds apart, so load from other jobs mostly cancels out."""
+    import torch
+
+    runs = {}
+    for method, c in PAIRED:
+        make = _maker(method, spec["dtype"], c, spec["n"], spec["data"])
+        make(WARMUP_POINTS)()
+        runs[(method, c)] = make(spec["n"])
+    times: dict[tuple, list[tuple[float, float]]] = {key: [] for key in runs}
+    for _ in range(spec["repeats"]):
+        for key, fn in runs.items():
+            c0, w0 = time.process_time(), time.perf_counter()
+            fn()
+            times[key].append((time.perf_counter() - w0, time.process_time() - c0))
+    ratios = {}
+    for other, c in (("engine", 12), ("keops", 12), ("engine", 16)):
+        ref, them = times[("reference", c)], times[(other, c)]
+        ratios[f"{other}/reference C={c}"] = {
+            "wall": statistics.median(r[0] / t[0] for r, t in zip(ref, them)),
+            "cpu": statistics.median(r[1] / t[1] for r, t in zip(ref, them)),
+        }
+    subnormal = (torch.tensor(1e-39, dtype=torch.float32) * 1.0).item() != 0.0
+    return {
+        "ratios": ratios,
+        "median_s": {f"{m} C={c}": statistics.median(t[0] for t in v) for (m, c), v in times.items()},
+        "median_cpu_s": {f"{m} C={c}": statistics.median(t[1] for t in v) for (m, c), v in times.items()},
+        "subnormals_survive_reference_load": subnormal,
+        "load": os.getloadavg()[0],
+    }
 
 
 def compile_times(dtype: str) -> list[dict]:
@@ -229,6 +282,10 @@ def summarize(records: list[dict]) -> list[dict]:
     ok = {(r["method"], r["dtype"], r["c"]): r for r in records if r.get("status") == "ok"}
     rows = []
     for dtype in DTYPES:
+        pair = ok.get(("paired", dtype, 12))
+        for what, q in (pair["ratios"].items() if pair else ()):
+            rows.append({"dtype": dtype, "c": int(what.split("C=")[1]), "what": f"paired: {what.split(' ')[0]} (throughput)",
+                         "wall": q["wall"], "cpu": q["cpu"]})
         for c in sorted({r["c"] for r in records}):
             ref = ok.get(("reference", dtype, c))
             for method in ("keops", "keops-unpadded", "engine"):
@@ -268,6 +325,12 @@ def markdown(records: list[dict], ratios: list[dict], compiles: list[dict], meta
     for r in records:
         if r.get("status") != "ok":
             lines.append(f"| {r['method']} | {r['dtype']} | {r['c']} | {r['status']} | | | | |")
+            continue
+        if r["method"] == "paired":
+            for key, wall in r["median_s"].items():
+                method, c = key.split(" C=")
+                lines.append(f"| paired: {method} | {r['dtype']} | {c} | {wall:.3f} | {r['median_cpu_s'][key]:.3f} | | "
+                             f"{r['n'] * r['n'] * D / wall:.3g} | {r['load']:.1f} |")
             continue
         lines.append(f"| {r['method']} | {r['dtype']} | {r['c']} | {r['median_s']:.3f} | {r['median_cpu_s']:.3f} | "
                      f"{r['first_s']:.3f} | {_rate(r):.3g} | {r['load']:.1f} |")
@@ -313,15 +376,19 @@ def main(argv: list[str] | None = None) -> None:
     records = []
     for dtype in args.dtypes:
         for method in args.methods:
-            product = method in ("reference", "keops", "keops-unpadded", "engine")
+            product = method in ("reference", "keops-unpadded", "engine")
             for c in (args.columns if product else [12]):
-                if method == "keops" and c != 12 and 12 in args.columns:
-                    continue  # lazykern's KeOps path pads 12 to 16 itself
-                spec = {"method": method, "dtype": dtype, "n": args.n, "c": c, "repeats": args.repeats, "data": data}
+                repeats = 3 * args.repeats if method == "paired" else args.repeats
+                spec = {"method": method, "dtype": dtype, "n": args.n, "c": c, "repeats": repeats, "data": data}
                 r = run_one(spec, args.timeout)
                 records.append(r)
-                shown = (f"{r['median_s']:.3f} s (CPU {r['median_cpu_s']:.3f} s, first {r['first_s']:.3f} s), "
-                         f"{_rate(r):.3g} pair.dim/s, load {r['load']:.1f}") if r["status"] == "ok" else r["status"]
+                if r["status"] != "ok":
+                    shown = r["status"]
+                elif method == "paired":
+                    shown = ", ".join(f"{k}: {q['wall']:.2f} wall, {q['cpu']:.2f} CPU" for k, q in r["ratios"].items())
+                else:
+                    shown = (f"{r['median_s']:.3f} s (CPU {r['median_cpu_s']:.3f} s, first {r['first_s']:.3f} s), "
+                             f"{_rate(r):.3g} pair.dim/s, load {r['load']:.1f}")
                 print(f"{dtype} {method:15s} C={c:2d} {shown}", flush=True)
     compiles = []
     if not args.no_compile_times:

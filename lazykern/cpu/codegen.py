@@ -198,7 +198,10 @@ class _Writer:
         for a in range(red.inner_vecs):
             q = ptr_of[f"ivec:{a}"]
             t(f"const T* const __restrict__ iv{a} = B{q} + b * bstride[{q}] + (j0);")
+        read = {self.nodes[z].attr for z in self.needed if self.nodes[z].op == "in"}
         for k, wt in enumerate(red.weights):
+            if wt[0] not in read:
+                continue
             if wt[1] == "dot":
                 _, _, oa, ib = wt
                 t(f"T w{k}[TILE] __attribute__((aligned(64)));")

@@ -80,10 +80,10 @@ def _build_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, d
     transposed = job in ("mmT", "gradB", "gradB-pair")
     if transposed:  # outer rows are x2: the formula's first input is the inner side
         root = trace(formula, g, "i", "o", params, d1, d2)
-        d_outer, d_inner = d2, d1
+        d_outer = d2
     else:
         root = trace(formula, g, "o", "i", params, d1, d2)
-        d_outer, d_inner = d1, d2
+        d_outer = d1
     base = dict(outer=("o",), inner=("i",), params=names, dtype=dtype)
     if job in ("mm", "mmT"):
         nodes, new = compact(g, [root])
@@ -91,7 +91,7 @@ def _build_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, d
     if job == "dense":
         nodes, new = compact(g, [root])
         return Reduction(nodes=nodes, weights=(), outer_vecs=0, inner_vecs=0, sums=(), matmul=None, store=new[root], **base)
-    o, i = g.leaf("o", d_outer), g.leaf("i", d_inner)
+    o = g.leaf("o", d_outer)
     leaves = {"x": o, **{n: g.leaf(f"p:{n}", w) for n, w in params.items()}}
     w0 = g.leaf("w0", 1)
     if job == "sym":
@@ -114,7 +114,7 @@ def _build_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, d
         outs = [grads[leaves[n]] for n in ("x", *params) if n in want]
         ovecs = ivecs = 0 if pair else 1
     # A leaf the kernel does not depend on gets an explicit zero: the output layout stays fixed.
-    outs = [g.const(0.0, _width(g, n, leaves)) if e is None else g.expand(e, g.width(leaves[n]))
+    outs = [g.const(0.0, g.width(leaves[n])) if e is None else g.expand(e, g.width(leaves[n]))
             for e, n in zip(outs, [n for n in ("x", *params) if n in want])]
     matmul_root = root if (job == "gradB" and "rhs" in want) else None
     nodes, new = compact(g, outs + ([matmul_root] if matmul_root is not None else []))
@@ -128,10 +128,6 @@ def _build_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, d
         store=None,
         **base,
     )
-
-
-def _width(g: Graph, name: str, leaves: dict[str, int]) -> int:
-    return g.width(leaves[name])
 
 
 # ---------------------------------------------------------------------------- buffers
