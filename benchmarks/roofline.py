@@ -13,9 +13,11 @@ standard normal), C right-hand sides, float32 and float64, measured as pair.dim/
   the process (as in a training step: formulas compiled before, on 1000 points);
 * ``grad-engine`` / ``grad-keops``: the fused gradient pass of a training step,
   ``symmetric_gradients`` (x and the 26 scales) on each engine;
-* ``paired``: reference, engine and KeOps called in turn in ONE process, round after round; the
-  median of each round's ratio is the steadiest same-run comparison on a shared machine (the
-  reference library is linked without ``-ffast-math``, so loading it changes no float mode: checked);
+* ``paired``: reference, engine, KeOps and the engine's dense build called in turn in ONE process,
+  round after round; the median of each round's ratio is the steadiest same-run comparison on a
+  shared machine (the reference library is linked without ``-ffast-math``, so loading it changes no
+  float mode: checked). Before the rounds, the process's first dense builds (engine, torch) are
+  each timed between two lazy passes (engine, KeOps);
 * compile seconds of each engine pass for every stationary formula (d = 26, float32), into an empty
   cache.
 
@@ -199,25 +201,35 @@ def child(spec: dict) -> dict:
     return record
 
 
-PAIRED = (("reference", 12), ("engine", 12), ("keops", 12), ("reference", 16), ("engine", 16))
+PAIRED = (("reference", 12), ("engine", 12), ("keops", 12), ("reference", 16), ("engine", 16), ("dense-engine", 12))
 
 
 def paired(spec: dict) -> dict:
-    """Reference, engine and KeOps called in turn in one process, ``repeats`` rounds: each round's
-    ratios compare calls made seconds apart, so load from other jobs mostly cancels out."""
+    """Reference, engine, KeOps and the dense build called in turn in ONE process, ``repeats``
+    rounds: each round's ratios compare calls made seconds apart, so load from other jobs mostly
+    cancels out. Before the rounds, the first full-size dense builds of the process (engine, then
+    torch) are each timed between two lazy passes (engine, then KeOps as today)."""
     import torch
 
     runs = {}
-    for method, c in PAIRED:
+    for method, c in PAIRED + (("dense-torch", 12),):
         make = _maker(method, spec["dtype"], c, spec["n"], spec["data"])
         make(WARMUP_POINTS)()
         runs[(method, c)] = make(spec["n"])
-    times: dict[tuple, list[tuple[float, float]]] = {key: [] for key in runs}
+
+    def timed(key) -> tuple[float, float]:
+        c0, w0 = time.process_time(), time.perf_counter()
+        runs[key]()
+        return time.perf_counter() - w0, time.process_time() - c0
+
+    first = {}
+    for dense, lazy in (("dense-engine", "engine"), ("dense-torch", "keops")):
+        before, build, after = timed((lazy, 12)), timed((dense, 12)), timed((lazy, 12))
+        first[f"{dense} first build / {lazy} lazy pass"] = build[0] / ((before[0] + after[0]) / 2)
+    times: dict[tuple, list[tuple[float, float]]] = {key: [] for key in PAIRED}
     for _ in range(spec["repeats"]):
-        for key, fn in runs.items():
-            c0, w0 = time.process_time(), time.perf_counter()
-            fn()
-            times[key].append((time.perf_counter() - w0, time.process_time() - c0))
+        for key in PAIRED:
+            times[key].append(timed(key))
     ratios = {}
     for other, c in (("engine", 12), ("keops", 12), ("engine", 16)):
         ref, them = times[("reference", c)], times[(other, c)]
@@ -225,9 +237,15 @@ def paired(spec: dict) -> dict:
             "wall": statistics.median(r[0] / t[0] for r, t in zip(ref, them)),
             "cpu": statistics.median(r[1] / t[1] for r, t in zip(ref, them)),
         }
+    lazy, dense = times[("engine", 12)], times[("dense-engine", 12)]
+    ratios["dense-engine repeated build / engine lazy pass"] = {
+        "wall": statistics.median(d[0] / e[0] for d, e in zip(dense, lazy)),
+        "cpu": statistics.median(d[1] / e[1] for d, e in zip(dense, lazy)),
+    }
     subnormal = (torch.tensor(1e-39, dtype=torch.float32) * 1.0).item() != 0.0
     return {
         "ratios": ratios,
+        "first_build_ratios": first,
         "median_s": {f"{m} C={c}": statistics.median(t[0] for t in v) for (m, c), v in times.items()},
         "median_cpu_s": {f"{m} C={c}": statistics.median(t[1] for t in v) for (m, c), v in times.items()},
         "subnormals_survive_reference_load": subnormal,
@@ -284,8 +302,13 @@ def summarize(records: list[dict]) -> list[dict]:
     for dtype in DTYPES:
         pair = ok.get(("paired", dtype, 12))
         for what, q in (pair["ratios"].items() if pair else ()):
-            rows.append({"dtype": dtype, "c": int(what.split("C=")[1]), "what": f"paired: {what.split(' ')[0]} (throughput)",
-                         "wall": q["wall"], "cpu": q["cpu"]})
+            if "C=" in what:
+                c, what = int(what.split("C=")[1]), f"paired: {what.split(' ')[0]} (throughput)"
+            else:
+                c, what = 12, f"paired: {what} (time)"
+            rows.append({"dtype": dtype, "c": c, "what": what, "wall": q["wall"], "cpu": q["cpu"]})
+        for what, ratio in (pair["first_build_ratios"].items() if pair else ()):
+            rows.append({"dtype": dtype, "c": 12, "what": f"paired: {what} (time)", "wall": ratio, "cpu": None})
         for c in sorted({r["c"] for r in records}):
             ref = ok.get(("reference", dtype, c))
             for method in ("keops", "keops-unpadded", "engine"):

@@ -428,14 +428,14 @@ def test_two_processes_share_one_compile(tmp_path):
 
 
 def test_matmul_memory_is_linear_in_n():
-    """N = 20,000 in float64: K would take 3.2 GB; the product needs the inputs and the output."""
+    """N = 12,000 in float64: K would take 1.15 GB; the product needs the inputs and the output."""
     setup = """
 import torch
 from lazykern import cpu
 from lazykern.formulas import StationaryFormula
 f = StationaryFormula("rbf", additive=True)
-x = torch.randn(20000, 3, dtype=torch.float64)
-s, v = torch.ones(1, 3, dtype=torch.float64), torch.randn(20000, 2, dtype=torch.float64)
+x = torch.randn(12000, 3, dtype=torch.float64)
+s, v = torch.ones(1, 3, dtype=torch.float64), torch.randn(12000, 2, dtype=torch.float64)
 cpu.matmul(f, x[:50], x[:50], {"scales": s}, v[:50])
 """
     grown = peak_rss_increase_mb(setup, "out = cpu.matmul(f, x, x, {'scales': s}, v)")
