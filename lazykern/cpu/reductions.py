@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import sys
 import platform
+import sys
 from typing import Callable, Mapping
 
 import torch
