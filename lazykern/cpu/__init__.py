@@ -1,0 +1,28 @@
+r"""lazykern's own CPU reduction engine: kernel formulas compiled to vectorized C.
+
+KeOps' CPU code vectorizes along the feature axis inside each pair, which fits 8- or 16-wide
+vectors badly for :math:`d = 26`. This engine traces a formula into an expression graph
+(:mod:`~lazykern.cpu.trace`), differentiates it symbolically (:mod:`~lazykern.cpu.grad`),
+generates one C loop nest per pass that vectorizes *across pairs* (:mod:`~lazykern.cpu.codegen`),
+and compiles it once per structure into a cache beside KeOps' (:mod:`~lazykern.cpu.build`).
+KeOps stays the engine on GPUs.
+
+Functions (same shapes as :mod:`lazykern.backend`): :func:`matmul`, :func:`dense`,
+:func:`symmetric_gradients` and :func:`supports`.
+
+Example:
+    >>> import torch
+    >>> from lazykern.formulas import StationaryFormula
+    >>> from lazykern import cpu
+    >>> x = torch.randn(200, 3, dtype=torch.float64)
+    >>> f = StationaryFormula("rbf", additive=True)
+    >>> s = torch.ones(1, 3, dtype=torch.float64)
+    >>> cpu.supports(f, x, x, {"scales": s})
+    True
+    >>> cpu.matmul(f, x, x, {"scales": s}, torch.ones(200, 4, dtype=torch.float64)).shape
+    torch.Size([200, 4])
+"""
+
+from .reductions import dense, matmul, supports, symmetric_gradients
+
+__all__ = ["dense", "matmul", "supports", "symmetric_gradients"]

@@ -1,0 +1,498 @@
+r"""C source for one reduction over pairs, generated from an expression graph.
+
+A :class:`Reduction` says what to compute for every *outer* row :math:`i` (one side of the pair)
+as a loop over the *inner* points :math:`j` (the other side):
+
+* ``sums``: :math:`\sum_j e(i, j)` for vector expressions :math:`e` (gradients, per-row parameter
+  partials), written side by side into one ``(rows, total width)`` output;
+* ``matmul``: :math:`\sum_j k(i, j)\, v_{jc}` for a runtime number of columns :math:`c`;
+* ``store``: :math:`k(i, j)` itself, one dense row per :math:`i`.
+
+The loop nest (what makes it fast on a CPU):
+
+* OpenMP over rows (dynamic chunks: the machine may be shared), each row owned by one thread,
+  so results do not depend on the thread count;
+* the inner points in tiles of ``TILE`` (one L1-resident block), their inputs stored
+  *dimension-major* (``(width, M)``), so every expression is computed for a whole tile at once in
+  ``#pragma omp simd`` loops over :math:`j`: exponentials, logarithms and sines vectorize across
+  pairs with glibc's vector math library whatever the feature width (the feature axis of
+  :math:`d = 26` fits 8- or 16-wide vectors badly, the tile does not);
+* expressions that depend on the row only (the row's inputs, parameters and what is computed from
+  them) are computed once per row; expressions of the pair are fused into one loop per feature
+  width and dependency level, sharing subexpressions (forward values reused by their derivatives);
+* sums over :math:`j` accumulate lane by lane (``acc[q][t]``) and are added up once per row, in a
+  fixed order: vectorized without reassociation flags (no ``-ffast-math``).
+
+Example:
+    >>> from lazykern.cpu.reductions import _program
+    >>> from lazykern.formulas import StationaryFormula
+    >>> red = _program(StationaryFormula("rbf"), "mm", 3, 3, (), "double")
+    >>> "omp simd" in generate(red)
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .trace import BINARY, Graph, Node, Unsupported
+
+__all__ = ["Reduction", "generate", "TILES"]
+
+#: Inner points per tile, by C type (measured on AVX2: 32 doubles were slower, 128 floats no faster).
+TILES = {"float": 64, "double": 64}
+
+_FUNCS = {
+    "float": {"exp": "expf", "log": "logf", "sin": "sinf", "cos": "cosf", "sqrt": "sqrtf", "abs": "fabsf", "pow": "powf"},
+    "double": {"exp": "exp", "log": "log", "sin": "sin", "cos": "cos", "sqrt": "sqrt", "abs": "fabs", "pow": "pow"},
+}
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """One generated reduction (see the module docstring); hashable, and its ``repr`` is the cache key.
+
+    Leaves of ``nodes`` are bound by name: ``outer`` names are ``(rows, width)`` row-major inputs of
+    the outer side, ``inner`` names ``(width, Mp)`` dimension-major inputs of the inner side,
+    ``params`` per-batch vectors, and ``weights`` pair weights, each ``(name, "dot", a, b)`` (the dot
+    product of outer vector array ``a`` with inner vector array ``b`` over the runtime column count)
+    or ``(name, "pair")`` (entry ``(i, j)`` of a dense ``(rows, M)`` array).
+    ``outer_vecs``/``inner_vecs`` count the ``(rows, C)`` and ``(C, Mp)`` column arrays.
+    ``matmul`` is ``(node, inner vector index)``.
+    """
+
+    nodes: tuple[Node, ...]
+    outer: tuple[str, ...]
+    inner: tuple[str, ...]
+    params: tuple[str, ...]
+    weights: tuple[tuple, ...]
+    outer_vecs: int
+    inner_vecs: int
+    sums: tuple[int, ...]
+    matmul: tuple[int, int] | None
+    store: int | None
+    dtype: str
+
+    def operands(self) -> list[str]:
+        """The buffer roles, in the order of the generated function's pointer array."""
+        roles = [f"outer:{n}" for n in self.outer] + [f"inner:{n}" for n in self.inner]
+        roles += [f"param:{n}" for n in self.params]
+        roles += [f"ovec:{a}" for a in range(self.outer_vecs)] + [f"ivec:{a}" for a in range(self.inner_vecs)]
+        roles += [f"pair:{w[0]}" for w in self.weights if w[1] == "pair"]
+        if self.sums:
+            roles.append("out:sums")
+        if self.matmul is not None:
+            roles.append("out:matmul")
+        if self.store is not None:
+            roles.append("out:store")
+        return roles
+
+    @property
+    def sums_width(self) -> int:
+        return sum(self.nodes[n].width for n in self.sums)
+
+
+def compact(graph: Graph, outputs: list[int]) -> tuple[tuple[Node, ...], dict[int, int]]:
+    """The nodes ``outputs`` depend on, renumbered from 0 in topological order (a canonical form:
+    two traces of one formula give equal tuples whatever else their graphs hold)."""
+    keep = graph.reachable(outputs)
+    new = {old: k for k, old in enumerate(keep)}
+    nodes = tuple(
+        Node(graph.nodes[old].op, tuple(new[a] for a in graph.nodes[old].args), graph.nodes[old].attr, graph.nodes[old].width)
+        for old in keep
+    )
+    return nodes, new
+
+
+def generate(red: Reduction, name: str = "lk_reduce") -> str:
+    """The C source of ``red`` as ``void <name>(void* const* ptr, const int64_t* bstride,
+    int64_t batch, int64_t n, int64_t m, int64_t mp, int64_t c, int64_t threads)``: ``ptr`` holds
+    the buffers in :meth:`Reduction.operands` order, ``bstride`` their batch strides (elements),
+    ``n`` the outer rows, ``m`` the inner points (``mp``: padded length of dimension-major rows),
+    ``c`` the column count of the vector arrays."""
+    return _Writer(red, name).source()
+
+
+class _Writer:
+    def __init__(self, red: Reduction, name: str) -> None:
+        self.red, self.name = red, name
+        self.nodes = red.nodes
+        self.tile = TILES[red.dtype]
+        self.funcs = _FUNCS[red.dtype]
+        self.role: dict[str, tuple[str, int]] = {}
+        for k, n in enumerate(red.outer):
+            self.role[n] = ("outer", k)
+        for k, n in enumerate(red.inner):
+            self.role[n] = ("inner", k)
+        for k, n in enumerate(red.params):
+            self.role[n] = ("param", k)
+        for k, w in enumerate(red.weights):
+            self.role[w[0]] = ("weight", k)
+        outputs = list(red.sums) + ([red.matmul[0]] if red.matmul else []) + ([red.store] if red.store is not None else [])
+        self.needed = set(_reachable(self.nodes, outputs))
+        self.row = self._classify()
+        self.consumers: dict[int, list[int]] = {}
+        for z in sorted(self.needed):
+            for a in self.nodes[z].args:
+                self.consumers.setdefault(a, []).append(z)
+
+    # ------------------------------------------------------------------ analysis
+    def _classify(self) -> dict[int, bool]:
+        """True for nodes that depend on the row only (outer inputs, parameters, constants)."""
+        row: dict[int, bool] = {}
+        for z in sorted(self.needed):
+            node = self.nodes[z]
+            if node.op == "in":
+                if node.attr not in self.role:
+                    raise Unsupported(f"leaf {node.attr!r} has no buffer")
+                row[z] = self.role[node.attr][0] in ("outer", "param")
+            elif node.op == "const":
+                row[z] = True
+            else:
+                row[z] = all(row[a] for a in node.args)
+        return row
+
+    def _materialized(self) -> set[int]:
+        """Pair nodes kept in tile arrays: sums, concatenations, width-1 values that broadcast into
+        wider ones, and the value a matmul or dense store reads."""
+        mat = set()
+        for z in self.needed:
+            if self.row[z]:
+                continue
+            node = self.nodes[z]
+            if node.op in ("sum", "concat") and z in self.consumers:
+                mat.add(z)
+            elif node.op != "in" and node.width == 1 and any(self.nodes[u].width > 1 for u in self.consumers.get(z, ())):
+                mat.add(z)  # (a pair weight is a tile array already)
+        for root in ([self.red.matmul[0]] if self.red.matmul else []) + ([self.red.store] if self.red.store is not None else []):
+            mat.add(root)
+        return mat
+
+    # ------------------------------------------------------------------ source
+    def source(self) -> str:
+        red, tile = self.red, self.tile
+        mat = self._materialized()
+        entries = self._entries(mat)
+        roles = red.operands()
+        ptr_of = {role: k for k, role in enumerate(roles)}
+        sw = red.sums_width
+        acc_size = f"{sw} * TILE" if sw else "0"
+        mm_size = "c * TILE" if red.matmul else "0"
+        head = [
+            "/* Generated by lazykern.cpu.codegen: one pairwise reduction (see its module docstring). */",
+            "#include <math.h>",
+            "#include <stdint.h>",
+            "#include <stdlib.h>",
+            "#include <string.h>",
+            f"typedef {red.dtype} T;",
+            f"#define TILE {tile}",
+        ]
+        # The tile body is a macro expanded twice: full tiles with a constant trip count (no loop
+        # epilogues), then the last, partial tile.
+        body: list[str] = []
+        t = body.append
+        for k, nm in enumerate(red.inner):
+            q = ptr_of["inner:" + nm]
+            t(f"const T* const __restrict__ in{k} = B{q} + b * bstride[{q}] + (j0);")
+        for a in range(red.inner_vecs):
+            q = ptr_of[f"ivec:{a}"]
+            t(f"const T* const __restrict__ iv{a} = B{q} + b * bstride[{q}] + (j0);")
+        read = {self.nodes[z].attr for z in self.needed if self.nodes[z].op == "in"}
+        for k, wt in enumerate(red.weights):
+            if wt[0] not in read:
+                continue
+            if wt[1] == "dot":
+                _, _, oa, ib = wt
+                t(f"T w{k}[TILE] __attribute__((aligned(64)));")
+                t("_Pragma(\"omp simd\")")
+                t(f"for (int64_t t = 0; t < (tn); ++t) w{k}[t] = 0;")
+                t("for (int64_t q = 0; q < c; ++q) {")
+                t(f"  const T a = ov{oa}[q];")
+                t("  _Pragma(\"omp simd\")")
+                t(f"  for (int64_t t = 0; t < (tn); ++t) w{k}[t] += a * iv{ib}[q * mp + t];")
+                t("}")
+            else:
+                t(f"const T* const __restrict__ w{k} = pr{k} + (j0);")
+        for z in sorted(mat):
+            t(f"T m{z}[{self.nodes[z].width} * TILE] __attribute__((aligned(64)));")
+        for (_level, width), group in sorted(entries.items()):
+            body.extend(self._group(width, group, mat))
+        if red.matmul:
+            t("for (int64_t q = 0; q < c; ++q) {")
+            t("  _Pragma(\"omp simd\")")
+            t(f"  for (int64_t t = 0; t < (tn); ++t) accm[q * TILE + t] += m{red.matmul[0]}[t] * iv{red.matmul[1]}[q * mp + t];")
+            t("}")
+        if red.store is not None:
+            t("_Pragma(\"omp simd\")")
+            t(f"for (int64_t t = 0; t < (tn); ++t) dense[(j0) + t] = m{red.store}[t];")
+        width = max(len(line) for line in body) + 2
+        head.append("#define LK_TILE(j0, tn) do { \\")
+        head.extend("  " + line.ljust(width) + "\\" for line in body)
+        head.append("} while (0)")
+
+        lines = head + [
+            f"void {self.name}(void* const* ptr, const int64_t* bstride, int64_t batch, int64_t n,",
+            "               int64_t m, int64_t mp, int64_t c, int64_t threads) {",
+        ]
+        w = lines.append
+        for k, r in enumerate(roles):
+            const = "" if r.startswith("out:") else "const "
+            w(f"  {const}T* const __restrict__ B{k} = ({const}T*)ptr[{k}];  /* {r} */")
+        w("  const int64_t rows = batch * n;")
+        w("  #pragma omp parallel num_threads(threads)")
+        w("  {")
+        w(f"    T* const __restrict__ acc = (T*)aligned_alloc(64, sizeof(T) * ({acc_size} + {mm_size} + TILE));")
+        w(f"    T* const __restrict__ accm = acc + {acc_size};")
+        w("    #pragma omp for schedule(dynamic, 4)")
+        w("    for (int64_t r = 0; r < rows; ++r) {")
+        w("      const int64_t b = r / n, i = r - b * n;")
+        for k, nm in enumerate(red.outer):
+            q = ptr_of["outer:" + nm]
+            w(f"      const T* const __restrict__ o{k} = B{q} + b * bstride[{q}] + i * {self._leaf_width(nm)};")
+        for k, nm in enumerate(red.params):
+            q = ptr_of["param:" + nm]
+            w(f"      const T* const __restrict__ p{k} = B{q} + b * bstride[{q}];")
+        for a in range(red.outer_vecs):
+            q = ptr_of[f"ovec:{a}"]
+            w(f"      const T* const __restrict__ ov{a} = B{q} + b * bstride[{q}] + i * c;")
+        for k, wt in enumerate(red.weights):
+            if wt[1] == "pair":
+                q = ptr_of[f"pair:{wt[0]}"]
+                w(f"      const T* const __restrict__ pr{k} = B{q} + b * bstride[{q}] + i * m;")
+        if red.store is not None:
+            q = ptr_of["out:store"]
+            w(f"      T* const __restrict__ dense = B{q} + b * bstride[{q}] + i * m;")
+        w(f"      memset(acc, 0, sizeof(T) * ({acc_size} + {mm_size}));")
+        # Row prologue: everything that depends on the row only, once per row.
+        for z in sorted(self.needed):
+            if self.row[z] and self.nodes[z].op not in ("in", "const"):
+                lines.extend("      " + s for s in self._row_node(z))
+        w("      int64_t j0 = 0;")
+        w("      for (; j0 + TILE <= m; j0 += TILE) LK_TILE(j0, TILE);")
+        w("      if (j0 < m) LK_TILE(j0, m - j0);")
+        # Row epilogue: lanes added up in a fixed order.
+        if sw:
+            q = ptr_of["out:sums"]
+            w(f"      T* const __restrict__ os = B{q} + b * bstride[{q}] + i * {sw};")
+            w(f"      for (int64_t q = 0; q < {sw}; ++q) {{")
+            w("        T s = 0;")
+            w("        for (int64_t t = 0; t < TILE; ++t) s += acc[q * TILE + t];")
+            w("        os[q] = s;")
+            w("      }")
+        if red.matmul:
+            q = ptr_of["out:matmul"]
+            w(f"      T* const __restrict__ om = B{q} + b * bstride[{q}] + i * c;")
+            w("      for (int64_t q = 0; q < c; ++q) {")
+            w("        T s = 0;")
+            w("        for (int64_t t = 0; t < TILE; ++t) s += accm[q * TILE + t];")
+            w("        om[q] = s;")
+            w("      }")
+        w("    }")
+        w("    free(acc);")
+        w("  }")
+        w("}")
+        return "\n".join(lines) + "\n"
+
+    def _leaf_width(self, name: str) -> int:
+        for node in self.nodes:
+            if node.op == "in" and node.attr == name:
+                return node.width
+        return 1  # bound but unused by the expression: any row stride works, nothing is read
+
+    # ------------------------------------------------------------------ row nodes
+    def _row_ref(self, z: int, idx: str) -> str:
+        node = self.nodes[z]
+        if node.width == 1:
+            idx = "0"
+        if node.op == "const":
+            return self._const(node.attr)
+        if node.op == "in":
+            kind, k = self.role[node.attr]
+            return f"{'o' if kind == 'outer' else 'p'}{k}[{idx}]"
+        return f"r{z}[{idx}]"
+
+    def _row_node(self, z: int) -> list[str]:
+        node = self.nodes[z]
+        out = [f"T r{z}[{node.width}];"]
+        if node.op == "sum":
+            a = node.args[0]
+            out.append(f"r{z}[0] = 0; for (int64_t k = 0; k < {self.nodes[a].width}; ++k) r{z}[0] += {self._row_ref(a, 'k')};")
+        elif node.op == "concat":
+            offset = 0
+            for a in node.args:
+                wa = self.nodes[a].width
+                out.append(f"for (int64_t k = 0; k < {wa}; ++k) r{z}[{offset} + k] = {self._row_ref(a, 'k')};")
+                offset += wa
+        elif node.op == "slice":
+            out.append(f"for (int64_t k = 0; k < {node.width}; ++k) r{z}[k] = {self._row_ref(node.args[0], f'k + {node.attr}')};")
+        elif node.op == "expand":
+            out.append(f"for (int64_t k = 0; k < {node.width}; ++k) r{z}[k] = {self._row_ref(node.args[0], '0')};")
+        else:
+            args = [self._row_ref(a, "k") for a in node.args]
+            out.append(f"for (int64_t k = 0; k < {node.width}; ++k) r{z}[k] = {self._apply(node, args)};")
+        return out
+
+    # ------------------------------------------------------------------ pair nodes
+    def _entries(self, mat: set[int]) -> dict[tuple[int, int], list[tuple]]:
+        """Work items of a tile, grouped into fused loops by (dependency level, feature width)."""
+        level: dict[int, int] = {}
+
+        def deps(z: int, own: int | None) -> int:
+            """1 + the highest level among materialized nodes that computing ``z`` inline reads."""
+            best, stack, seen = 0, [z], set()
+            while stack:
+                a = stack.pop()
+                if a in seen or self.row[a]:
+                    continue
+                seen.add(a)
+                if a in mat and a != own:
+                    best = max(best, level[a] + 1)
+                    continue
+                stack.extend(self.nodes[a].args)
+            return best
+
+        items: list[tuple[int, int, tuple]] = []
+        for z in sorted(mat):
+            node = self.nodes[z]
+            if node.op == "sum":
+                lv = deps(node.args[0], None)
+                items.append((lv, self.nodes[node.args[0]].width, ("sum", z)))
+            elif node.op == "concat":
+                lv, offset, parts = 0, 0, []
+                for a in node.args:
+                    lv = max(lv, deps(a, None))
+                    parts.append((a, offset))
+                    offset += self.nodes[a].width
+                for a, off in parts:
+                    items.append((lv, self.nodes[a].width, ("part", z, a, off)))
+            else:
+                lv = deps(z, z)
+                items.append((lv, node.width, ("mat", z)))
+            level[z] = lv
+        offset = 0
+        for z in self.red.sums:
+            for a, off, fold in self._split(z, offset, mat):
+                if not (self.nodes[a].op == "const" and self.nodes[a].attr == 0.0):
+                    items.append((deps(a, None), self.nodes[a].width, ("out", a, off, fold)))
+            offset += self.nodes[z].width
+        # Outputs feed nothing, so they can run as late as wanted: each goes to the last loop of its
+        # width, where it shares the subexpressions (exponentials) of everything computed there.
+        last: dict[int, int] = {}
+        for lv, width, _ in items:
+            last[width] = max(last.get(width, 0), lv)
+        groups: dict[tuple[int, int], list[tuple]] = {}
+        for lv, width, item in items:
+            groups.setdefault((last[width] if item[0] == "out" else lv, width), []).append(item)
+        return groups
+
+    def _split(self, z: int, offset: int, mat: set[int]) -> list[tuple[int, int, bool]]:
+        """An output as ``(node, offset, fold)`` pieces accumulated straight into the row's lanes:
+        concatenations part by part, and a sum over the feature axis (``fold``) inside the loop over
+        its operand's width, so neither is stored in a tile array first."""
+        node = self.nodes[z]
+        if z not in mat and node.op == "concat":
+            pieces, off = [], offset
+            for a in node.args:
+                pieces.extend(self._split(a, off, mat))
+                off += self.nodes[a].width
+            return pieces
+        if z not in mat and node.op == "sum":
+            return [(node.args[0], offset, True)]
+        return [(z, offset, False)]
+
+    def _group(self, width: int, group: list[tuple], mat: set[int]) -> list[str]:
+        body: list[str] = []
+        memo: dict[tuple[int, str], str] = {}
+        k = "k" if width > 1 else "0"
+        pre: list[str] = []
+        for item in group:
+            if item[0] == "sum":
+                pre.append('_Pragma("omp simd")')
+                pre.append(f"for (int64_t t = 0; t < (tn); ++t) m{item[1]}[t] = 0;")
+        for item in group:
+            kind = item[0]
+            if kind == "sum":
+                z = item[1]
+                body.append(f"m{z}[t] += {self._pair(self.nodes[z].args[0], k, mat, memo, body)};")
+            elif kind == "mat":
+                z = item[1]
+                value = self._pair(z, k, mat, memo, body, own=z)
+                body.append(f"m{z}[({k}) * TILE + t] = {value};")
+            elif kind == "part":
+                _, z, a, off = item
+                body.append(f"m{z}[({off} + {k}) * TILE + t] = {self._pair(a, k, mat, memo, body)};")
+            else:
+                _, a, off, fold = item
+                lane = f"{off} * TILE + t" if fold else f"({off} + {k}) * TILE + t"
+                body.append(f"acc[{lane}] += {self._pair(a, k, mat, memo, body)};")
+        inner = ['_Pragma("omp simd")', "for (int64_t t = 0; t < (tn); ++t) {"] + ["  " + s for s in body] + ["}"]
+        if width == 1:
+            return pre + inner
+        return pre + [f"for (int64_t k = 0; k < {width}; ++k) {{"] + ["  " + s for s in inner] + ["}"]
+
+    def _pair(self, z: int, idx: str, mat: set[int], memo: dict, body: list[str], own: int | None = None) -> str:
+        """A C expression for node ``z`` at feature index ``idx`` and tile lane ``t``; statements it
+        needs are appended to ``body`` once (common subexpressions are shared through ``memo``)."""
+        node = self.nodes[z]
+        if node.width == 1:
+            idx = "0"
+        if self.row[z]:
+            return self._row_ref(z, idx)
+        if z in mat and z != own:
+            return f"m{z}[t]" if node.width == 1 else f"m{z}[({idx}) * TILE + t]"
+        key = (z, idx)
+        if key in memo:
+            return memo[key]
+        if node.op == "in":
+            kind, k = self.role[node.attr]
+            expr = f"in{k}[({idx}) * mp + t]" if kind == "inner" else f"w{k}[t]"
+            memo[key] = expr
+            return expr
+        if node.op == "slice":
+            return self._pair(node.args[0], f"{idx} + {node.attr}", mat, memo, body)
+        if node.op == "expand":
+            return self._pair(node.args[0], "0", mat, memo, body)
+        if node.op in ("sum", "concat"):
+            raise AssertionError(f"{node.op} node {z} must be materialized")
+        args = [self._pair(a, idx, mat, memo, body) for a in node.args]
+        var = f"v{len(memo)}"
+        body.append(f"const T {var} = {self._apply(node, args)};")
+        memo[key] = var
+        return var
+
+    # ------------------------------------------------------------------ scalar code
+    def _const(self, value: float) -> str:
+        return f"(T)({value!r})"
+
+    def _apply(self, node: Node, args: list[str]) -> str:
+        op, f = node.op, self.funcs
+        if op in BINARY:
+            return f"({args[0]} {_INFIX[op]} {args[1]})"
+        a = args[0]
+        if op == "neg":
+            return f"(-{a})"
+        if op in ("exp", "log", "sin", "cos", "sqrt", "abs"):
+            return f"{f[op]}({a})"
+        if op == "rsqrt":
+            return f"((T)1 / {f['sqrt']}({a}))"
+        if op == "pow":
+            return f"{f['pow']}({a}, {self._const(node.attr)})"
+        if op == "sign":
+            return f"({a} > (T)0 ? (T)1 : ({a} < (T)0 ? (T)(-1) : (T)0))"
+        if op == "step":
+            return f"({a} < (T)0 ? (T)0 : (T)1)"
+        if op == "relu":
+            return f"({a} > (T)0 ? {a} : (T)0)"
+        raise Unsupported(f"operation {op!r}")
+
+
+def _reachable(nodes: tuple[Node, ...], roots: list[int]) -> list[int]:
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        a = stack.pop()
+        if a not in seen:
+            seen.add(a)
+            stack.extend(nodes[a].args)
+    return sorted(seen)

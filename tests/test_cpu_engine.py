@@ -1,0 +1,442 @@
+"""lazykern's CPU engine (lazykern.cpu) against dense references from the math, float64.
+
+Compile budget: each (formula structure, pass, dtype) is one small C library (about a second to
+compile). The tests share D = 3, float64, one parameter layout per family, and runtime sizes
+(N, M, C and the batch are never compiled in), so the whole file compiles about 50 libraries and
+no new KeOps formula (the KeOps comparison reuses the formula test_kernels.py compiles).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from lazykern import backend, cpu, settings
+from lazykern.cpu import build
+from lazykern.formulas import StationaryFormula
+from lazykern.formulas.ntk import dot, factored_entry
+
+from . import reference
+from .memory import peak_rss_increase_mb
+
+D = 3
+N, M = 23, 17
+DT = torch.float64
+CASES = {
+    "rbf-additive": ("rbf", True, None),
+    "rbf-full": ("rbf", False, None),
+    "matern0.5-full": ("matern", False, 0.5),
+    "matern1.5-additive": ("matern", True, 1.5),
+    "matern2.5-full": ("matern", False, 2.5),
+    "rq-additive": ("rq", True, None),
+    "rq-full": ("rq", False, None),
+    "periodic-additive": ("periodic", True, None),
+    "periodic-full": ("periodic", False, None),
+}
+
+
+def hyperparameters(dtype=DT) -> dict[str, torch.Tensor]:
+    """GPyTorch-shaped hyperparameters, distinct per dimension so that mix-ups show."""
+    return {
+        "lengthscale": torch.linspace(0.6, 1.7, D, dtype=dtype).reshape(1, D).requires_grad_(),
+        "scales": torch.linspace(0.5, 2.0, D, dtype=dtype).reshape(1, D).requires_grad_(),
+        "alpha": torch.tensor([1.3], dtype=dtype).requires_grad_(),
+        "period": torch.linspace(1.1, 2.3, D, dtype=dtype).reshape(1, D).requires_grad_(),
+    }
+
+
+def formula_args(case: str, x1, x2, hp):
+    """Inputs and tensor parameters in the convention of lazykern.formulas.stationary: inputs divided
+    by the lengthscale (periodic: multiplied by pi / period, weights 2 / lengthscale)."""
+    family, additive, nu = CASES[case]
+    formula = StationaryFormula(family, additive, nu)
+    params = {}
+    if family == "periodic":
+        scale = hp["period"] / math.pi
+        params["weights"] = 2.0 / hp["lengthscale"]
+    else:
+        scale = hp["lengthscale"]
+    if family == "rq":
+        params["alpha"] = hp["alpha"].unsqueeze(-1)
+    if additive:
+        params["scales"] = hp["scales"]
+    return formula, x1 / scale, x2 / scale, params
+
+
+def reference_kernel(case: str, x1, x2, hp):
+    family, additive, nu = CASES[case]
+    return reference.kernel(
+        family,
+        x1,
+        x2,
+        hp["lengthscale"],
+        additive=additive,
+        scales=hp["scales"] if additive else None,
+        nu=nu,
+        alpha=hp["alpha"],
+        period=hp["period"],
+    )
+
+
+def used(case: str, hp) -> list[torch.Tensor]:
+    family, additive, _ = CASES[case]
+    names = ["lengthscale"] + (["scales"] if additive else []) + (["alpha"] if family == "rq" else [])
+    return [hp[n] for n in names + (["period"] if family == "periodic" else [])]
+
+
+def grads(out, weights, tensors):
+    return torch.autograd.grad((out * weights).sum(), tensors)
+
+
+def assert_close(actual, expected, rtol=1e-10):
+    scale = expected.abs().max().clamp_min(1e-300)
+    err = ((actual - expected).abs().max() / scale).item()
+    assert err <= rtol, f"relative error {err:.3e} > {rtol}"
+
+
+def inputs(*batch, n=N, m=M, dtype=DT):
+    x1 = torch.randn(*batch, n, D, dtype=dtype, requires_grad=True)
+    x2 = torch.randn(*batch, m, D, dtype=dtype, requires_grad=True)
+    return x1, x2
+
+
+# ---------------------------------------------------------------------------- every family
+@pytest.mark.parametrize("case", CASES)
+def test_matmul_values_and_gradients(case):
+    hp = hyperparameters()
+    x1, x2 = inputs()
+    rhs = torch.randn(M, 2, dtype=DT, requires_grad=True)
+    weights = torch.randn(N, 2, dtype=DT)
+    tensors = [x1, x2, rhs, *used(case, hp)]
+    formula, a, b, params = formula_args(case, x1, x2, hp)
+    out = cpu.matmul(formula, a, b, params, rhs)
+    expected = reference_kernel(case, x1, x2, hp) @ rhs
+    assert_close(out, expected)
+    for g, e in zip(grads(out, weights, tensors), grads(expected, weights, tensors)):
+        assert_close(g, e)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_symmetric_gradients_in_one_pass(case, monkeypatch):
+    """The gradient of sum_ij <l_i, r_j> k(x_i, x_j) with respect to x (both sides) and every
+    hyperparameter, chained back to the raw hyperparameters through the input transform."""
+    hp = hyperparameters()
+    x = torch.randn(N, D, dtype=DT, requires_grad=True)
+    left, right = torch.randn(N, 2, dtype=DT), torch.randn(N, 2, dtype=DT)
+    tensors = [x, *used(case, hp)]
+    formula, a, _, params = formula_args(case, x, x, hp)
+    calls = []
+    load = build.load
+    monkeypatch.setattr(build, "load", lambda red: calls.append(red) or load(red))
+    gx, gp = cpu.symmetric_gradients(formula, a, params, left, right)
+    assert len(calls) == 1  # one pass for x and every parameter
+    outputs = [a] + list(params.values())
+    actual = torch.autograd.grad(outputs, tensors, [gx] + [gp[n] for n in params])
+    # From the math, pair by pair: k(x_i, x_i) is 1 (full) or sum_d s_d (additive), and the pairs
+    # i != j are evaluated elementwise (the Matern reference's sqrt has no derivative at 0).
+    family, additive, nu = CASES[case]
+    W = left @ right.T
+    i, j = torch.triu_indices(N, N, 1)
+    i, j = torch.cat([i, j]), torch.cat([j, i])
+    k_ij = reference.kernel(
+        family, x[i], x[j], hp["lengthscale"], additive=additive, scales=hp["scales"] if additive else None,
+        nu=nu, alpha=hp["alpha"], period=hp["period"], diag=True,
+    )
+    S = (W[i, j] * k_ij).sum() + W.trace() * (hp["scales"].sum() if additive else 1.0)
+    for g, e in zip(actual, torch.autograd.grad(S, tensors)):
+        assert_close(g, e)
+
+
+@pytest.mark.parametrize("case", ["rbf-additive", "matern2.5-full", "rq-additive", "periodic-full"])
+def test_dense_values_and_gradients(case):
+    hp = hyperparameters()
+    x1, x2 = inputs()
+    weights = torch.randn(N, M, dtype=DT)
+    tensors = [x1, x2, *used(case, hp)]
+    formula, a, b, params = formula_args(case, x1, x2, hp)
+    K = cpu.dense(formula, a, b, params)
+    expected = reference_kernel(case, x1, x2, hp)
+    assert K.shape == (N, M)
+    assert_close(K, expected)
+    for g, e in zip(grads(K, weights, tensors), grads(expected, weights, tensors)):
+        assert_close(g, e)
+
+
+def test_gradcheck_matmul_and_dense():
+    """torch's finite-difference check, on the RQ additive formula (a width-1 parameter broadcast
+    over the feature axis and a width-D one)."""
+    formula = StationaryFormula("rq", additive=True)
+    x1 = torch.randn(5, D, dtype=DT, requires_grad=True)
+    x2 = torch.randn(4, D, dtype=DT, requires_grad=True)
+    rhs = torch.randn(4, 2, dtype=DT, requires_grad=True)
+    alpha = torch.tensor([[0.8]], dtype=DT, requires_grad=True)
+    scales = torch.rand(1, D, dtype=DT).add(0.5).requires_grad_()
+    mm = lambda a, b, v, al, s: cpu.matmul(formula, a, b, {"alpha": al, "scales": s}, v)  # noqa: E731
+    assert torch.autograd.gradcheck(mm, (x1, x2, rhs, alpha, scales))
+    dn = lambda a, b, al, s: cpu.dense(formula, a, b, {"alpha": al, "scales": s})  # noqa: E731
+    assert torch.autograd.gradcheck(dn, (x1, x2, alpha, scales))
+
+
+# ---------------------------------------------------------------------------- layouts
+def test_batch_broadcast_against_reference():
+    """Batched x1 and parameters, shared x2 and right-hand side (broadcast, never copied per batch)."""
+    hp = hyperparameters()
+    hp["lengthscale"] = torch.stack([torch.linspace(0.6, 1.7, D), torch.linspace(1.2, 0.4, D)]).to(DT)
+    hp["lengthscale"] = hp["lengthscale"].reshape(2, 1, D).requires_grad_()
+    hp["scales"] = torch.rand(2, 1, D, dtype=DT).add(0.5).requires_grad_()
+    x1 = torch.randn(2, N, D, dtype=DT, requires_grad=True)
+    x2 = torch.randn(M, D, dtype=DT, requires_grad=True)
+    rhs = torch.randn(M, 2, dtype=DT, requires_grad=True)
+    weights = torch.randn(2, N, 2, dtype=DT)
+    tensors = [x1, x2, rhs, hp["lengthscale"], hp["scales"]]
+    formula, a, b, params = formula_args("rbf-additive", x1, x2, hp)
+    out = cpu.matmul(formula, a, b, params, rhs)
+    expected = reference_kernel("rbf-additive", x1, x2.expand(2, M, D), hp) @ rhs
+    assert out.shape == (2, N, 2)
+    assert_close(out, expected)
+    for g, e in zip(grads(out, weights, tensors), grads(expected, weights, tensors)):
+        assert_close(g, e)
+    K = cpu.dense(formula, a, b, params)
+    assert_close(K, reference_kernel("rbf-additive", x1, x2.expand(2, M, D), hp))
+
+
+def test_non_contiguous_inputs_and_vector_rhs():
+    formula = StationaryFormula("rbf", additive=True)
+    big = torch.randn(D + 2, 2 * N, dtype=DT)
+    x1 = big[1 : D + 1, ::2].T  # strided, transposed
+    x2 = torch.randn(M, 2 * D, dtype=DT)[:, ::2]
+    scales = torch.rand(D, 2, dtype=DT)[:, 0].reshape(1, D)
+    v = torch.randn(2 * M, dtype=DT)[::2]
+    assert not (x1.is_contiguous() or x2.is_contiguous() or scales.is_contiguous() or v.is_contiguous())
+    out = cpu.matmul(formula, x1, x2, {"scales": scales}, v)
+    expected = reference.kernel("rbf", x1, x2, torch.ones(1, D, dtype=DT), additive=True, scales=scales) @ v
+    assert out.shape == (N,)
+    assert_close(out, expected)
+
+
+def test_float32_close_to_float64():
+    formula = StationaryFormula("rbf", additive=True)
+    x = torch.randn(200, D, dtype=DT)
+    scales = torch.rand(1, D, dtype=DT) + 0.5
+    v = torch.randn(200, 2, dtype=DT)
+    expected = reference.kernel("rbf", x, x, torch.ones(1, D, dtype=DT), additive=True, scales=scales) @ v
+    out = cpu.matmul(formula, x.float(), x.float(), {"scales": scales.float()}, v.float())
+    assert out.dtype == torch.float32
+    assert_close(out.double(), expected, rtol=1e-5)
+
+
+def test_same_results_for_any_thread_count():
+    """Each row is owned by one thread and summed in a fixed order: bitwise equal results."""
+    formula = StationaryFormula("rbf", additive=True)
+    x = torch.randn(300, D, dtype=DT)
+    scales, v = torch.rand(1, D, dtype=DT), torch.randn(300, 2, dtype=DT)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu.matmul(formula, x, x, {"scales": scales}, v)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, cpu.matmul(formula, x, x, {"scales": scales}, v))
+
+
+# ---------------------------------------------------------------------------- other engines
+def test_matches_keops_and_torch_engines():
+    """Values and gradients equal to backend.pairwise_matmul on both existing engines (the KeOps
+    formula is the one test_kernels.py compiles: additive RBF, D = 3, float64, 2 columns)."""
+    formula = StationaryFormula("rbf", additive=True)
+    x1, x2 = inputs()
+    scales = torch.rand(1, D, dtype=DT).add(0.5).requires_grad_()
+    rhs = torch.randn(M, 2, dtype=DT, requires_grad=True)
+    weights = torch.randn(N, 2, dtype=DT)
+    tensors = [x1, x2, rhs, scales]
+    out = cpu.matmul(formula, x1, x2, {"scales": scales}, rhs)
+    ours = grads(out, weights, tensors)
+    for engine in ("torch", "keops"):
+        with settings.engine(engine):
+            theirs = backend.pairwise_matmul(formula, x1, x2, {"scales": scales}, rhs)
+            assert_close(out, theirs)
+            for g, e in zip(ours, grads(theirs, weights, tensors)):
+                assert_close(g, e)
+    with settings.engine("torch"):
+        assert_close(cpu.dense(formula, x1, x2, {"scales": scales}), backend.pairwise_dense(formula, x1, x2, {"scales": scales}))
+
+
+# ---------------------------------------------------------------------------- NTK formulas
+@dataclass(frozen=True)
+class FactoredTraceEntry:
+    """<a_i, a_j> <g_i, g_j> over features concatenated as [a, g] (slices of the feature axis)."""
+
+    width_a: int
+
+    def __call__(self, x1, x2):
+        w = self.width_a
+        return factored_entry(x1[..., :w], x2[..., :w], x1[..., w:], x2[..., w:])
+
+
+def test_ntk_formulas():
+    a1, g1 = torch.randn(N, 3, dtype=DT), torch.randn(N, 4, dtype=DT)
+    a2, g2 = torch.randn(M, 3, dtype=DT), torch.randn(M, 4, dtype=DT)
+    f1 = torch.cat([a1, g1], -1).requires_grad_()
+    f2 = torch.cat([a2, g2], -1).requires_grad_()
+    rhs = torch.randn(M, 2, dtype=DT, requires_grad=True)
+    weights = torch.randn(N, 2, dtype=DT)
+    out = cpu.matmul(FactoredTraceEntry(3), f1, f2, {}, rhs)
+    # From the math: Theta = (A1 A2^T) * (G1 G2^T), written on the concatenated features.
+    expected = ((f1[:, :3] @ f2[:, :3].T) * (f1[:, 3:] @ f2[:, 3:].T)) @ rhs
+    assert_close(out, expected)
+    for g, e in zip(grads(out, weights, [f1, f2, rhs]), grads(expected, weights, [f1, f2, rhs])):
+        assert_close(g, e)
+    # The full-mode weights w_i = sum_j <a_i, a_j> u_j are the dot-product kernel times u.
+    u = torch.randn(M, 5, dtype=DT)
+    assert_close(cpu.matmul(dot, a1, a2, {}, u), (a1 @ a2.T) @ u)
+
+
+# ---------------------------------------------------------------------------- other operations
+def _cat(a, b):
+    return torch.cat([a, b], -1) if isinstance(a, torch.Tensor) else a.concat(b)
+
+
+def _sum(q):
+    return q.sum(-1, keepdim=True) if isinstance(q, torch.Tensor) else q.sum(-1)
+
+
+def uneven(x1, x2, p, q):
+    """Not symmetric in its inputs; uses operations the formulas of lazykern do not (log, sin, cos,
+    powers, abs, relu, rsqrt, concatenation, a width-1 parameter)."""
+    d = x1 - 0.5 * x2
+    head = (d[..., :1].sin() * p + x2[..., 2:3].cos()) ** 3
+    tail = (d[..., 1:] * d[..., 1:] + 1.0).log().abs() + (q * x1[..., 1:]).relu()
+    u = _cat(head, tail)
+    return _sum(u * u).rsqrt() + _sum(x1 * x2) * 0.1 + (x1[..., 0:1] * x1[..., 0:1] + p) ** 1.5
+
+
+def test_any_formula_values_gradients_and_non_even_symmetric_pass():
+    x1, x2 = inputs()
+    p = torch.tensor([[0.7]], dtype=DT, requires_grad=True)
+    q = torch.rand(1, D - 1, dtype=DT).add(0.2).requires_grad_()
+    rhs = torch.randn(M, 2, dtype=DT, requires_grad=True)
+    weights = torch.randn(N, 2, dtype=DT)
+    tensors = [x1, x2, rhs, p, q]
+
+    def dense_torch(a, b):
+        return uneven(a[:, None, :], b[None, :, :], p[None], q[None]).squeeze(-1)
+
+    out = cpu.matmul(uneven, x1, x2, {"p": p, "q": q}, rhs)
+    expected = dense_torch(x1, x2) @ rhs
+    assert_close(out, expected)
+    for g, e in zip(grads(out, weights, tensors), grads(expected, weights, tensors)):
+        assert_close(g, e)
+    left, right = torch.randn(N, 2, dtype=DT), torch.randn(N, 2, dtype=DT)
+    gx, gp = cpu.symmetric_gradients(uneven, x1, {"p": p, "q": q}, left, right)
+    S = ((left @ right.T) * dense_torch(x1, x1)).sum()
+    for g, e in zip([gx, gp["p"], gp["q"]], torch.autograd.grad(S, [x1, p, q])):
+        assert_close(g, e)
+
+
+def second_order(x1, x2, scales):
+    """The order-2 interaction kernel sum_{d < d'} z_d z_d' by Newton's identity (p1^2 - p2) / 2,
+    z_d = s_d exp(-(x_d - x'_d)^2 / 2): power sums over the feature axis, then scalar algebra."""
+    z = scales * (-0.5 * (x1 - x2) ** 2).exp()
+    p1, p2 = _sum(z), _sum(z**2)
+    return 0.5 * (p1 * p1 - p2)
+
+
+def test_power_sum_formula():
+    x1, x2 = inputs()
+    scales = torch.rand(1, D, dtype=DT).add(0.5).requires_grad_()
+    rhs = torch.randn(M, 2, dtype=DT, requires_grad=True)
+    weights = torch.randn(N, 2, dtype=DT)
+    tensors = [x1, x2, rhs, scales]
+    out = cpu.matmul(second_order, x1, x2, {"scales": scales}, rhs)
+    z = scales * torch.exp(-0.5 * (x1[:, None, :] - x2[None, :, :]) ** 2)  # (N, M, D), from the math
+    K = sum(z[..., d] * z[..., e] for d in range(D) for e in range(d + 1, D))
+    expected = K @ rhs
+    assert_close(out, expected)
+    for g, e in zip(grads(out, weights, tensors), grads(expected, weights, tensors)):
+        assert_close(g, e)
+
+
+# ---------------------------------------------------------------------------- supports, errors
+def test_supports_declines_what_it_cannot_generate():
+    x = torch.randn(10, D, dtype=DT)
+    rbf = StationaryFormula("rbf")
+    assert cpu.supports(rbf, x, x, {})
+    assert not cpu.supports(lambda a, b: (a - b).logsumexp(dim=1), x, x, {})  # not in the grammar
+    assert not cpu.supports(lambda a, b: (a - b).sum(dim=1), x, x, {})  # a reduction inside a formula
+    assert not cpu.supports(lambda a, b: a * b, x, x, {})  # D values per pair, not one
+    assert not cpu.supports(rbf, x.half(), x.half(), {})
+    assert not cpu.supports(rbf, x, x.float(), {})
+    assert not cpu.supports(rbf, x.to("meta"), x.to("meta"), {})
+    with pytest.raises(ValueError, match="sum over dim=1"):
+        cpu.matmul(lambda a, b: (a - b).sum(dim=1), x, x, {}, torch.ones(10, 1, dtype=DT))
+    with pytest.raises(ValueError, match="rhs must have 10 rows"):
+        cpu.matmul(rbf, x, x, {}, torch.ones(9, 1, dtype=DT))
+
+
+def test_compiled_once_per_structure_not_per_value_or_size():
+    formula = StationaryFormula("rbf", additive=True)
+    x = torch.randn(30, D, dtype=DT)
+    cpu.matmul(formula, x, x, {"scales": torch.ones(1, D, dtype=DT)}, torch.ones(30, 1, dtype=DT))
+    before = len(build.compile_log), len(build._loaded)
+    for n, c in ((7, 1), (40, 5)):
+        y = torch.randn(n, D, dtype=DT)
+        cpu.matmul(formula, y, x, {"scales": torch.rand(1, D, dtype=DT)}, torch.ones(30, c, dtype=DT))
+    assert (len(build.compile_log), len(build._loaded)) == before
+
+
+def test_no_flush_to_zero_after_loading():
+    """The libraries are built without -ffast-math: subnormal numbers survive in the process."""
+    x = torch.randn(5, D, dtype=DT)
+    cpu.matmul(StationaryFormula("rbf", additive=True), x, x, {"scales": torch.ones(1, D, dtype=DT)}, x[:, :1])
+    tiny32 = torch.tensor(1e-39, dtype=torch.float32)
+    assert (tiny32 * 1.0).item() != 0.0
+    assert (torch.tensor(1e-310, dtype=DT) * 1.0).item() != 0.0
+
+
+CHILD = """
+import json, torch
+from lazykern import cpu
+from lazykern.cpu import build
+from lazykern.formulas import StationaryFormula
+x = torch.linspace(-2, 2, 60, dtype=torch.float64).reshape(20, 3)
+out = cpu.matmul(StationaryFormula("matern", nu=1.5), x, x, {}, torch.ones(20, 1, dtype=torch.float64))
+print("RESULT", json.dumps({"out": out.squeeze(-1).tolist(), "compiled": len(build.compile_log)}))
+"""
+
+
+def test_two_processes_share_one_compile(tmp_path):
+    env = dict(os.environ, LAZYKERN_KEOPS_CACHE=str(tmp_path))
+    procs = [
+        subprocess.Popen([sys.executable, "-c", CHILD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-3000:]
+        results.append(json.loads(next(line for line in stdout.splitlines() if line.startswith("RESULT"))[7:]))
+    assert sorted(r["compiled"] for r in results) == [0, 1]  # the second waited for the first
+    assert results[0]["out"] == results[1]["out"]
+    assert len(list(tmp_path.rglob("lk_*.so"))) == 1
+
+
+def test_matmul_memory_is_linear_in_n():
+    """N = 12,000 in float64: K would take 1.15 GB; the product needs the inputs and the output."""
+    setup = """
+import torch
+from lazykern import cpu
+from lazykern.formulas import StationaryFormula
+f = StationaryFormula("rbf", additive=True)
+x = torch.randn(12000, 3, dtype=torch.float64)
+s, v = torch.ones(1, 3, dtype=torch.float64), torch.randn(12000, 2, dtype=torch.float64)
+cpu.matmul(f, x[:50], x[:50], {"scales": s}, v[:50])
+"""
+    grown = peak_rss_increase_mb(setup, "out = cpu.matmul(f, x, x, {'scales': s}, v)")
+    assert grown < 40, f"peak RSS grew by {grown:.0f} MB"
