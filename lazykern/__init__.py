@@ -4,7 +4,7 @@ Additive GP kernels and empirical neural tangent kernels as symbolic reductions 
 N x M x d (nor, unless it fits a memory budget, N x M).
 """
 
-from . import data, formulas, kernels, ntk, operators, regression, settings, solvers
+from . import data, distributed, formulas, kernels, ntk, operators, regression, settings, solvers
 from .kernels import AdditiveStructureKernel, MaternKernel, PeriodicKernel, RBFKernel, RQKernel
 from .operators import LazyKernelOperator
 from .precompile import precompile
@@ -21,6 +21,7 @@ __all__ = [
     "RBFKernel",
     "RQKernel",
     "data",
+    "distributed",
     "formulas",
     "kernels",
     "ntk",
