@@ -1,7 +1,8 @@
 """Sharded operators on 2 and 3 local gloo processes against the single-process operator, float64.
 
-One ``torch.multiprocessing`` spawn per world size runs every case (:func:`evaluate` with
-``lazykern.distributed.shard``); the test process runs the same function with the operator left
+One ``torch.multiprocessing`` spawn of 3 gloo processes runs every case (:func:`evaluate` with
+``lazykern.distributed.shard``) on a 2-rank group (ranks 0 and 1, passed as ``group=``), then on
+all 3 ranks, and measures each rank's row-block memory; the test process runs the same function with the operator left
 whole and compares, to 1e-10: products (square, rectangular, transposed, batched), gradients with
 respect to inputs and every hyperparameter, ``lazykern.solvers.cg`` (plain and preconditioned),
 ``linear_operator`` solves, ``KernelRidge``, the exact marginal likelihood with all its gradients,
