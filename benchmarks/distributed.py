@@ -63,8 +63,12 @@ def _vmhwm_mb() -> float:
 
 
 def _peak_increase_mb(run) -> float:
-    """Peak RSS growth of ``run()`` (freed heap handed back first, the high-water mark reset)."""
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    """Peak RSS growth of ``run()``, the high-water mark reset first. A fixed mmap threshold
+    (``M_MMAP_THRESHOLD`` = -3) makes every block of 1 MiB or more a fresh mapping, never heap memory
+    left resident by an earlier (freed) block, so each measurement counts its blocks in full."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-3, 2**20)
+    libc.malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     before = _vmhwm_mb()

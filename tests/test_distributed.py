@@ -227,11 +227,15 @@ def _errors(rank: int, wrap) -> dict[str, str]:
 
 
 def _peak_rss_increase_mb(run) -> float:
-    """Peak RSS growth of ``run()`` in this (long-lived) process: freed heap memory is first handed
-    back to the OS, so that a new block counts even where an earlier, freed one stood."""
+    """Peak RSS growth of ``run()`` in this (long-lived) process, new large blocks counted in full."""
     scope: dict = {}
     exec(_PRELUDE, scope)
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    libc = ctypes.CDLL("libc.so.6")
+    # A fixed mmap threshold (M_MMAP_THRESHOLD = -3): every block of 1 MiB or more is a fresh
+    # mapping, never heap memory freed by an earlier measurement (glibc raises its threshold
+    # after large frees, so a second, smaller block could land in already-resident heap).
+    libc.mallopt(-3, 2**20)
+    libc.malloc_trim(0)
     scope["_reset_peak"]()
     before = scope["_vmhwm_mb"]()
     run()
