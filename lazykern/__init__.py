@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 """The version: the one place it is written (``pyproject.toml`` and ``lazykern --version`` read it)."""
 
 # Subpackages and modules reachable as attributes, and the names re-exported from them.
-_SUBMODULES = ("data", "formulas", "kernels", "ntk", "operators", "regression", "settings", "solvers")
+_SUBMODULES = ("data", "distributed", "formulas", "kernels", "ntk", "operators", "regression", "settings", "solvers")
 _FROM = {
     "kernels": ("AdditiveStructureKernel", "MaternKernel", "PeriodicKernel", "RBFKernel", "RQKernel"),
     "operators": ("LazyKernelOperator",),
@@ -37,6 +37,7 @@ __all__ = [
     "RBFKernel",
     "RQKernel",
     "data",
+    "distributed",
     "formulas",
     "kernels",
     "ntk",

@@ -74,3 +74,24 @@ def check_positive_number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
     return float(value)
+
+
+def check_process_group(name: str, group: object):
+    """``group`` must be ``None`` (the default group) or a ``torch.distributed`` process group this
+    process belongs to, with ``torch.distributed`` initialized. Returns the group to use."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise RuntimeError("torch.distributed is not available in this PyTorch build")
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed is not initialized: call torch.distributed.init_process_group('gloo') "
+            "('nccl' for GPU tensors) on every rank first; torchrun sets the rank and rendezvous variables"
+        )
+    if group is None:
+        return dist.group.WORLD
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"{name} must be a torch.distributed.ProcessGroup or None (the default group), got {type(group).__name__}")
+    if dist.get_rank(group) < 0:
+        raise ValueError(f"{name} does not include this process (global rank {dist.get_rank()})")
+    return group

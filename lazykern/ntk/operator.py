@@ -128,6 +128,12 @@ class NTKOperator(LinearOperator):
             return torch.Size((n1 * self.plan.k, n2 * self.plan.k))
         return torch.Size((n1, n2))
 
+    @property
+    def num_outputs_per_input(self) -> tuple[int, int]:
+        """Rows and columns per sample (``k`` in full mode, 1 in trace mode), as in ``KernelLinearOperator``."""
+        k = self.plan.k if self.plan.mode == "full" else 1
+        return k, k
+
     def _transpose_nonbatch(self) -> "NTKOperator":
         plan = self.plan.transposed()
         return NTKOperator(plan.side1.x, plan.side2.x, plan=plan)
