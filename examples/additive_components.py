@@ -39,7 +39,6 @@ parser.add_argument("--out", default=None, help="PNG path (default additive_comp
 args = parser.parse_args()
 
 data = load_uci(args.dataset, split=0, n_train=args.n_train, dtype=torch.float64)
-torch.set_flush_denormal(True)
 model, likelihood = build_model(data.train_x, data.train_y, "additive-rbf")
 with gpytorch.settings.max_cholesky_size(args.n_train):
     train(model, likelihood, iters=args.iters, lr=0.1)

@@ -18,8 +18,6 @@ from lazykern.regression import ExactGPRegressor, gaussian_metrics, predict, tra
 
 name = sys.argv[1] if len(sys.argv) > 1 else "pol"
 data = load_uci(name, split=0, n_train=2000, dtype=torch.float32)  # standardized with training statistics
-torch.set_flush_denormal(True)  # tiny float32 kernel entries would otherwise slow CPU LAPACK tenfold
-
 kernel = gpytorch.kernels.ScaleKernel(
     lazykern.kernels.AdditiveStructureKernel(
         lazykern.kernels.RBFKernel(ard_num_dims=data.d), num_dims=data.d, component_scales=True

@@ -5,8 +5,8 @@ N x M x d (nor, unless it fits a memory budget, N x M).
 """
 
 from . import data, formulas, kernels, ntk, operators, regression, settings, solvers
-from .kernels import AdditiveStructureKernel, MaternKernel, PeriodicKernel, RBFKernel, RQKernel
-from .operators import LazyKernelOperator
+from .kernels import AdditiveStructureKernel, MaternKernel, PeriodicKernel, ProductKernel, RBFKernel, RQKernel
+from .operators import LazyKernelOperator, as_scipy
 from .precompile import precompile
 from .solvers import KernelRidge
 
@@ -18,8 +18,10 @@ __all__ = [
     "LazyKernelOperator",
     "MaternKernel",
     "PeriodicKernel",
+    "ProductKernel",
     "RBFKernel",
     "RQKernel",
+    "as_scipy",
     "data",
     "formulas",
     "kernels",

@@ -185,9 +185,6 @@ def _run(args: argparse.Namespace) -> int:
     print(f"{data.name} split {data.split}: {note}; n_test={data.n_test}, d={data.d}, "
           f"kernel={args.kernel}, {args.dtype} on {device}", flush=True)
     torch.manual_seed(args.seed)
-    # Kernel entries far below float32's normal range turn into denormals, on which CPU LAPACK runs
-    # about ten times slower (measured: a 2000-point Cholesky step, 5 s instead of 0.5 s).
-    torch.set_flush_denormal(True)
     result = fit_evaluate(data.train_x, data.train_y, data.test_x, data.test_y, kernel=args.kernel,
                           iters=args.iters, lr=args.lr, y_scale=data.y_std, max_cholesky_size=args.max_cholesky,
                           progress=not args.quiet)
