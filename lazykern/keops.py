@@ -52,8 +52,8 @@ finite anyway (:mod:`lazykern.validation`).
 
 Example:
     >>> import lazykern.keops as lk
-    >>> lk.compile_flags()  # doctest: +SKIP
-    '-march=native -fno-math-errno -fno-trapping-math -D__FAST_MATH__ -include math.h'
+    >>> lk.compile_flags() in (lk.FAST_FLAGS, "")  # FAST_FLAGS on x86-64 Linux
+    True
 """
 
 from __future__ import annotations
@@ -134,7 +134,8 @@ def keops_lazy_tensor(t: Tensor):
 
     Example:
         >>> import torch
-        >>> x = keops_lazy_tensor(torch.randn(5, 1, 3))  # doctest: +SKIP
+        >>> type(keops_lazy_tensor(torch.randn(5, 1, 3))).__name__
+        'LazyTensor'
     """
     from pykeops.torch import LazyTensor
 
@@ -195,8 +196,8 @@ def build_folder(flags: str | None = None) -> str:
     in it records what was hashed. Deleting the folder is safe: formulas are recompiled.
 
     Example:
-        >>> build_folder("-O2").endswith(os.sep + "flags-" + build_folder("-O2")[-10:])  # doctest: +SKIP
-        True
+        >>> os.path.basename(build_folder("-O2")).startswith("flags-"), build_folder("-O2") == build_folder("-O3")
+        (True, False)
     """
     from keopscore.config import config
 
@@ -215,10 +216,13 @@ def keops_session() -> Iterator[None]:
 
     Example:
         >>> import torch
-        >>> x = torch.randn(600, 3)
-        >>> with keops_session():  # doctest: +SKIP
-        ...     K = (-((keops_lazy_tensor(x[:, None]) - keops_lazy_tensor(x[None])) ** 2).sum(-1)).exp()
-        ...     out = K @ torch.ones(600, 1)
+        >>> from lazykern.formulas import StationaryFormula
+        >>> x = torch.randn(600, 3, dtype=torch.float64)
+        >>> with keops_session():  # the RBF formula of K(x, x), as lazykern's engines write it
+        ...     K = StationaryFormula("rbf")(keops_lazy_tensor(x[:, None]), keops_lazy_tensor(x[None]))
+        ...     out = K @ torch.ones(600, 2, dtype=torch.float64)
+        >>> out.shape
+        torch.Size([600, 2])
     """
     _install()
     depth = getattr(_session, "depth", 0)

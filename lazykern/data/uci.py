@@ -171,7 +171,7 @@ def fetch_uci(name: str, cache_dir: str | os.PathLike | None = None, base_url: s
     """Download a dataset's two files into the cache (once) and return its folder.
 
     Each file is fetched from ``{base_url}/{name}/{file}``, its SHA-256 compared with
-    :data:`lazykern.data.checksums.SHA256`, and only then moved into ``{cache_dir}/{name}/``.
+    ``lazykern.data.checksums.SHA256``, and only then moved into ``{cache_dir}/{name}/``.
     Cached files are re-verified on every call and downloaded again if they differ. Concurrent
     calls (threads or processes) are serialized by a lock file in the dataset folder.
 
@@ -281,7 +281,8 @@ def load_uci(
         data_dir: folder with one sub-folder per dataset (see :func:`locate_uci`).
 
     Raises:
-        ValueError / TypeError: a bad argument (checked before any file is read).
+        ValueError: a bad argument value (checked before any file is read).
+        TypeError: an argument of the wrong type (checked before any file is read).
         FileNotFoundError: the data folder lacks the dataset.
         DownloadError: the dataset had to be downloaded and could not be.
 

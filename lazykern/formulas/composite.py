@@ -15,7 +15,7 @@ engine, and it keeps the fused symmetric gradient: a sum or product of even stat
 even and stationary in the concatenated inputs.
 
 Parameters follow the convention of every formula: tensors passed by keyword, each term's under a
-name of its own in the combination (:attr:`Part.names`).
+name of its own in the combination (``Part.names``).
 """
 
 from __future__ import annotations

@@ -78,7 +78,6 @@ class AdditiveStructureKernel(LazyKernelMixin, Kernel):
                     f"base_kernel.{name} has {value.shape[-1]} entries: use ard_num_dims=None (shared) "
                     f"or ard_num_dims=num_dims={num_dims} (one per dimension)"
                 )
-        # No batch shape of its own: it is the base kernel's (also after kernel[i] or expand_batch).
         super().__init__(active_dims=active_dims)
         self.base_kernel = base_kernel
         self.num_dims = num_dims
@@ -92,6 +91,16 @@ class AdditiveStructureKernel(LazyKernelMixin, Kernel):
             )
             self.register_constraint("raw_component_scales", constraint)
             self.component_scales = torch.ones(*self.batch_shape, 1, num_dims, dtype=dtype)
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        """The base kernel's batch shape (also after ``kernel[i]`` or ``expand_batch``)."""
+        return self.base_kernel.batch_shape
+
+    @batch_shape.setter
+    def batch_shape(self, value: torch.Size) -> None:
+        # GPyTorch's indexing and expand_batch set it; the base kernel already carries it.
+        self._batch_shape = torch.Size(value)
 
     @property
     def component_scales(self) -> Tensor:

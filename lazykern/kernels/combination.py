@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import operator
 
 import gpytorch
+import torch
 from linear_operator import to_linear_operator
 from linear_operator.operators import LinearOperator
 from torch import Tensor
@@ -21,7 +23,7 @@ class ProductKernel(LazyKernelMixin, gpytorch.kernels.ProductKernel):
 
     ``lazykern_kernel * other`` builds it. When every factor evaluates to a lazykern operator
     (lazykern kernels, also inside ``ScaleKernel``), the product is **one** lazy formula on the
-    factors' inputs side by side (:class:`lazykern.formulas.Combination`), for ``K(X, X)`` and
+    factors' inputs side by side (:class:`lazykern.formulas.composite.Combination`), for ``K(X, X)`` and
     for ``K(X, Z)`` alike. GPyTorch's own ``ProductKernel`` would represent ``K(X, X)`` through
     root decompositions of the factors (with jitter) and make ``K(X, Z)`` dense. With other
     factors it behaves exactly as GPyTorch's.
@@ -46,3 +48,11 @@ class ProductKernel(LazyKernelMixin, gpytorch.kernels.ProductKernel):
             if all(isinstance(f, LazyKernelOperator) for f in factors):
                 return functools.reduce(operator.mul, factors)
         return super().forward(x1, x2, diag=diag, **params)
+
+    def expand_batch(self, *sizes: torch.Size | tuple[int, ...] | int) -> "ProductKernel":
+        """A copy whose factors are expanded to the batch shape ``sizes`` (GPyTorch's generic
+        ``expand_batch`` leaves the factors of a product unexpanded)."""
+        shape = torch.Size(sizes[0]) if len(sizes) == 1 and not isinstance(sizes[0], int) else torch.Size(sizes)
+        new = copy.deepcopy(self)
+        new.kernels = torch.nn.ModuleList([k.expand_batch(shape) for k in self.kernels])
+        return new
