@@ -44,7 +44,10 @@ intersphinx_mapping = {
 def _public_bases(app, name, obj, options, bases):
     """Show a class's documented ancestors, not lazykern's private mixins (``Lazy*Mixin`` and the
     like live in modules the reference does not document)."""
-    bases[:] = [b for b in bases if not (b.__module__.startswith("lazykern.") and b.__name__.startswith(("Lazy", "_")) and b.__name__ != "LazyKernelOperator")]
+    def private(base):
+        return base.__module__.startswith("lazykern.") and base.__name__.startswith(("LazyKernelMixin", "LazyStationary", "_"))
+
+    bases[:] = [b for b in bases if not private(b)]
 
 
 def _evaluated_annotations(app, obj, bound_method):

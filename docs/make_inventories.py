@@ -87,7 +87,8 @@ def python_inventory() -> None:
         return f"library/{module}.html#{public}"
 
     # Builtins are referred to without their module.
-    entries = [(n.removeprefix("builtins."), r, u) for n, r, u in _entries([f"builtins.{n}" for n in builtins + exceptions], location)]
+    builtin_entries = _entries([f"builtins.{n}" for n in builtins + exceptions], location)
+    entries = [(n.removeprefix("builtins."), r, u) for n, r, u in builtin_entries]
     entries += _entries(
         ["os.PathLike", "pathlib.Path", *(f"typing.{n}" for n in typing_names),
          *(f"collections.abc.{n}" for n in ["Callable", "Iterator", "Iterable", "Mapping", "Sequence"])],

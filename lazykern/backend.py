@@ -147,7 +147,9 @@ def symmetric_gradients(
     blocks = iter(out.split(sizes, dim=-1))
     grad1 = next(blocks) if want1 else None
     grad2 = next(blocks) if want2 else None
-    grads = {n: (next(blocks).sum(-2, keepdim=True).reshape(p.shape) if n in wanted else None) for n, p in params.items()}
+    grads = {
+        n: (next(blocks).sum(-2, keepdim=True).reshape(p.shape) if n in wanted else None) for n, p in params.items()
+    }
     return grad1, grad2, grads
 
 

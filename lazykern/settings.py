@@ -81,7 +81,8 @@ class engine(_Setting):
     * ``"keops"``: always the symbolic KeOps reduction;
     * ``"torch"``: always the chunked torch engine (bounded by :class:`chunk_bytes`).
 
-    Both engines evaluate the same formula and agree to rounding.
+    Both engines evaluate the same formula and agree to rounding. A side with a single point
+    runs on the torch engine whatever the setting (KeOps would read it as a parameter).
     """
 
     _default = "auto"

@@ -3,19 +3,25 @@
 * ``gpytorch.test.base_kernel_test_case.BaseKernelTestCase`` for every lazykern kernel (no-ARD and
   ARD; each base alone, inside ``AdditiveStructureKernel``, and a product), as GPyTorch's own
   kernels pass it;
-* the checks of GPyTorch's KeOps kernel tests (``test/kernels/keops/``: the lazy kernel against its
-  non-KeOps namesake for ``x1 == x2`` and ``x1 != x2``, diagonals, batches, gradients), plus
-  broadcast right-hand sides;
+* the checks of GPyTorch's KeOps kernel tests (``gpytorch.test.base_keops_test_case.BaseKeOpsTestCase``,
+  which patches GPyTorch's own KeOps module and so cannot be subclassed: the lazy kernel against
+  its non-KeOps namesake for ``x1 == x2`` and ``x1 != x2``, diagonals, batches, gradients), plus
+  broadcast right-hand sides, with the stricter tolerance of a float64 comparison;
 * ``linear_operator.test.linear_operator_test_case.LinearOperatorTestCase`` (square ``K(X, X)``,
   batch) and ``RectangularLinearOperatorTestCase`` (``K(X, Z)``) for ``LazyKernelOperator``.
 
-Each runs in three modes: KeOps forced with the dense budget at 0 (``keops``), the torch engine
-likewise (``torch``), and default settings (``default``), the last at sizes where ``engine="auto"``
-picks KeOps (N >= 512) where a suite multiplies right-hand sides.
+Modes: KeOps forced with the dense budget at 0 (``keops``), the torch engine likewise (``torch``),
+and default settings (``default``). The kernel test bases run in all three (they compare dense
+matrices and diagonals, which never need a KeOps reduction). The KeOps checks run forced on KeOps
+and on the torch engine for every kernel, batched and with default settings at N = 600 (where
+``engine="auto"`` picks KeOps) for the RBF kernel. The operator suites run the square ``K(X, X)``
+in all three modes (default settings at N = 600), batch and rectangular operators on the torch
+engine and with default settings.
 
-Compile budget: every KeOps test uses D = 3 and float64 like ``test_kernels.py`` (whose formulas
-it shares); only the RBF and additive-RBF formulas run batched and broadcast checks on KeOps, the
-other families run them on the torch engine. The operator suites use one formula (RQ, D = 3).
+Compile budget: every KeOps test uses D = 3 and float64 like ``test_kernels.py``, whose formulas
+(2 right-hand-side columns) the per-family checks share; batched reductions compile a variant of
+their own, so only the RBF formula runs them on KeOps; the operator suites use one formula (RQ)
+and run on KeOps only where ``K(X, X)`` does, once per right-hand-side width linear_operator uses.
 """
 
 from __future__ import annotations
@@ -52,11 +58,14 @@ class _InMode:
     """unittest mixin: every test of the class runs inside the settings of ``self.mode``."""
 
     mode = "default"
+    #: tests of a ``keops`` class that run on the torch engine instead (see where it is set)
+    torch_engine_tests: frozenset[str] = frozenset()
 
     def setUp(self) -> None:
         super().setUp()
         self._mode = contextlib.ExitStack()
-        for ctx in MODES[self.mode]():
+        mode = "torch" if self._testMethodName in self.torch_engine_tests else self.mode
+        for ctx in MODES[mode]():
             self._mode.enter_context(ctx)
 
     def tearDown(self) -> None:
@@ -151,11 +160,6 @@ def _keops_must_run(mode: str, monkeypatch):
         assert calls, "the KeOps engine never ran"
 
 
-def _batched_on(family: str, mode: str) -> bool:
-    # Batched KeOps reductions compile a variant of their own: RBF formulas only (compile budget).
-    return mode != "keops" or family == "rbf"
-
-
 KEOPS_CHECKS = [(f, s, a) for f in FAMILIES for s in ("alone", "additive") for a in (False, True)]
 CHECK_IDS = [f"{f}-{s}-{'ard' if a else 'shared'}" for f, s, a in KEOPS_CHECKS]
 
@@ -191,11 +195,23 @@ def test_keops_checks_gradient(family, structure, ard, mode, monkeypatch):
                 assert_close(g, e, rtol=_rtol(family))
 
 
-@pytest.mark.parametrize("mode", ["keops", "torch", "default"])
-@pytest.mark.parametrize("family, structure, ard", KEOPS_CHECKS, ids=CHECK_IDS)
+# Batched KeOps reductions compile a variant of their own: on KeOps (forced and default settings)
+# the RBF formula only (compile budget); test_kernels.py runs the additive formula batched and
+# test_dropin.py with broadcast right-hand sides. Every kernel runs them on the torch engine.
+BATCH_CHECKS = [
+    (*case, mode)
+    for case in KEOPS_CHECKS
+    for mode in ("torch", "keops", "default")
+    if mode == "torch" or case[:2] == ("rbf", "alone")
+]
+
+
+@pytest.mark.parametrize(
+    "family, structure, ard, mode",
+    BATCH_CHECKS,
+    ids=[f"{f}-{s}-{'ard' if a else 'shared'}-{m}" for f, s, a, m in BATCH_CHECKS],
+)
 def test_keops_checks_batch_and_broadcast_rhs(family, structure, ard, mode, monkeypatch):
-    if not _batched_on(family, mode) or (mode == "default" and family != "rbf"):
-        pytest.skip("compile budget: batched KeOps reductions are checked on the RBF formulas")
     mine, theirs = _twins(family, structure, ard)
     n = 600 if mode == "default" else 100  # default settings pick KeOps from 512 points
     x = torch.randn(2, 2, n, 3, dtype=F64)
@@ -259,6 +275,13 @@ class _OperatorCase(_InMode):
 
 
 class _SquareCase(_OperatorCase, LinearOperatorTestCase):
+    # Compile budget: these draw 256 probe vectors (a 272-column KeOps reduction, compiled for them
+    # alone); the KeOps path of the stochastic log-determinant runs with GPyTorch's own 10 probes
+    # in test_gpytorch_integration.py.
+    torch_engine_tests = frozenset(
+        {"test_inv_quad_logdet", "test_inv_quad_logdet_no_reduce", "test_root_decomposition_cholesky"}
+    )
+
     def create_linear_op(self) -> LazyKernelOperator:
         x = self._points(self.n)
         return self._operator(x, x)
@@ -269,14 +292,19 @@ class _RectangularCase(_OperatorCase, RectangularLinearOperatorTestCase):
         return self._operator(self._points(self.n), self._points(self.n - 2))
 
 
-for _mode in MODES:
-    _n = 600 if _mode == "default" else 5
-    for _kind, _bases, _batch in (
-        ("square", (_SquareCase,), torch.Size()),
-        ("batch", (_SquareCase,), torch.Size([2])),
-        ("rectangular", (_RectangularCase,), torch.Size()),
-    ):
+# KeOps forced: the square operator (every right-hand-side width linear_operator uses compiles a
+# reduction of its own); batch and rectangular operators run lazily on the torch engine and with
+# default settings (their KeOps reductions: test_kernels.py and the checks above).
+OPERATOR_CASES = [
+    ("square", _SquareCase, torch.Size(), ("keops", "torch", "default")),
+    ("batch", _SquareCase, torch.Size([2]), ("torch", "default")),
+    ("rectangular", _RectangularCase, torch.Size(), ("torch", "default")),
+]
+for _kind, _base_case, _batch, _modes in OPERATOR_CASES:
+    for _mode in _modes:
+        # default settings pick KeOps from 512 points: the square operator runs at N = 600 there
+        _n = 600 if (_mode == "default" and _kind == "square") else 5
         _name = f"TestLazyKernelOperator_{_kind}_{_mode}"
         globals()[_name] = type(
-            _name, (*_bases, unittest.TestCase), {"mode": _mode, "n": _n, "batch_shape": _batch}
+            _name, (_base_case, unittest.TestCase), {"mode": _mode, "n": _n, "batch_shape": _batch}
         )

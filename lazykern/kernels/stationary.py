@@ -64,15 +64,18 @@ def _centre(x1: Tensor, x2: Tensor) -> Tensor:
 
 
 def formula_inputs(
-    kernel: Kernel, x1: Tensor, x2: Tensor, dtype: torch.dtype
+    kernel: Kernel, x1: Tensor, x2: Tensor, dtype: torch.dtype | None = None
 ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
     r"""Transform inputs and gather tensor parameters for ``formula_for(kernel, ...)``, in ``dtype``
-    (the promoted dtype of the inputs and the kernel, see :func:`lazykern.validation.check_kernel_inputs`).
+    (default: the inputs' and the kernel's dtypes promoted, as
+    :func:`lazykern.validation.check_kernel_inputs` returns it).
 
     Inputs are centred, then divided by the lengthscale (periodic: multiplied by :math:`\pi/p`).
     Shared lengthscales are expanded to one per dimension, so shared and per-dimension
     lengthscales run the *same* compiled formula (gradients flow back through the expand).
     """
+    if dtype is None:
+        dtype = torch.promote_types(torch.promote_types(x1.dtype, x2.dtype), kernel.lengthscale.dtype)
     d = x1.shape[-1]
     lengthscale = _per_dimension("lengthscale", kernel.lengthscale, d).to(dtype)
     params = {}
