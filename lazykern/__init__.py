@@ -21,8 +21,10 @@ __version__ = "0.1.0"
 # Subpackages and modules reachable as attributes, and the names re-exported from them.
 _SUBMODULES = ("data", "distributed", "formulas", "kernels", "ntk", "operators", "regression", "settings", "solvers")
 _FROM = {
-    "kernels": ("AdditiveStructureKernel", "MaternKernel", "PeriodicKernel", "RBFKernel", "RQKernel"),
-    "operators": ("LazyKernelOperator",),
+    "kernels": (
+        "AdditiveStructureKernel", "MaternKernel", "PeriodicKernel", "ProductKernel", "RBFKernel", "RQKernel",
+    ),
+    "operators": ("LazyKernelOperator", "as_scipy"),
     "precompile": ("precompile",),
     "solvers": ("KernelRidge",),
 }
@@ -34,8 +36,10 @@ __all__ = [
     "LazyKernelOperator",
     "MaternKernel",
     "PeriodicKernel",
+    "ProductKernel",
     "RBFKernel",
     "RQKernel",
+    "as_scipy",
     "data",
     "distributed",
     "formulas",

@@ -11,7 +11,19 @@ touching the KeOps configuration seen by any other code in the process:
   folder for the duration of that load only, under a thread lock and a cross-process file lock
   (two processes compiling the same formula into the same folder wait for each other), and
   restores them afterwards. Unmarked reductions (any other KeOps code) are loaded exactly as KeOps
-  would; GPU reductions are never touched.
+  would; GPU reductions are never compiled with lazykern's flags.
+
+**Threads.** Every KeOps load (compile or import of a reduction's module, CPU or GPU, lazykern's or
+not) goes through the same thread lock, so no other thread's KeOps load ever runs while lazykern's
+flags and folder are switched in. Running reductions that are already loaded never reads them.
+Not covered: code that reads ``keopscore.config`` directly from another thread during a lazykern
+compile (e.g. ``pykeops.clean_pykeops()`` or ``keopscore.config.config.get_build_folder()``) sees
+lazykern's folder, and ``sys.path`` starts with that folder for the duration of the load.
+
+**Versions.** These hooks use private pykeops/keopscore internals, verified for the versions in
+:data:`PATCHED_VERSIONS` (``pyproject.toml`` bounds pykeops and keopscore accordingly). With any
+other installed version, importing this module warns once and lazykern's reductions compile
+exactly as KeOps' own would (its flags, its cache folder).
 
 **Flags.** :data:`FAST_FLAGS` (used by default on x86-64 Linux) make the exponentials, logs and
 sines of a formula vectorize with glibc's SIMD math library, which on a 2-core Xeon makes an
@@ -40,8 +52,8 @@ finite anyway (:mod:`lazykern.validation`).
 
 Example:
     >>> import lazykern.keops as lk
-    >>> lk.compile_flags()  # doctest: +SKIP
-    '-march=native -fno-math-errno -fno-trapping-math -D__FAST_MATH__ -include math.h'
+    >>> lk.compile_flags() in (lk.FAST_FLAGS, "")  # FAST_FLAGS on x86-64 Linux
+    True
 """
 
 from __future__ import annotations
@@ -52,11 +64,24 @@ import os
 import platform
 import sys
 import threading
+import warnings
+from importlib import metadata
 from typing import Any, Iterator
 
 from torch import Tensor
 
-__all__ = ["FAST_FLAGS", "build_folder", "compile_flags", "keops_lazy_tensor", "keops_session", "padded_size"]
+__all__ = [
+    "FAST_FLAGS",
+    "PATCHED_VERSIONS",
+    "build_folder",
+    "compile_flags",
+    "keops_lazy_tensor",
+    "keops_session",
+    "padded_size",
+]
+
+#: ``major.minor`` versions of pykeops and keopscore whose internals :func:`keops_session` hooks.
+PATCHED_VERSIONS = ("2.3",)
 
 #: Extra ``g++`` flags for lazykern's KeOps reductions on x86-64 Linux (see the module docstring).
 FAST_FLAGS = "-march=native -fno-math-errno -fno-trapping-math -D__FAST_MATH__ -include math.h"
@@ -76,12 +101,41 @@ _install_lock = threading.Lock()
 _installed = False
 
 
+def _version_problem(versions: dict[str, str | None]) -> str | None:
+    """Why lazykern must leave KeOps alone with these installed versions (``None``: it need not)."""
+    bad = {name: v for name, v in versions.items() if v is None or ".".join(v.split(".")[:2]) not in PATCHED_VERSIONS}
+    if not bad:
+        return None
+    found = ", ".join(f"{name} {v or '(not installed)'}" for name, v in bad.items())
+    return (
+        f"lazykern.keops hooks private internals of pykeops/keopscore {'/'.join(PATCHED_VERSIONS)}.x, found {found}: "
+        "lazykern's reductions compile with KeOps' own flags into KeOps' own cache folder"
+    )
+
+
+def _installed_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in ("pykeops", "keopscore"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+# Read from the package metadata: importing pykeops itself is slow and chatty.
+_FALLBACK = _version_problem(_installed_versions())
+if _FALLBACK is not None:
+    warnings.warn(_FALLBACK, RuntimeWarning, stacklevel=2)
+
+
 def keops_lazy_tensor(t: Tensor):
     """``t`` as a KeOps ``LazyTensor`` (made contiguous, as KeOps requires).
 
     Example:
         >>> import torch
-        >>> x = keops_lazy_tensor(torch.randn(5, 1, 3))  # doctest: +SKIP
+        >>> type(keops_lazy_tensor(torch.randn(5, 1, 3))).__name__
+        'LazyTensor'
     """
     from pykeops.torch import LazyTensor
 
@@ -142,8 +196,8 @@ def build_folder(flags: str | None = None) -> str:
     in it records what was hashed. Deleting the folder is safe: formulas are recompiled.
 
     Example:
-        >>> build_folder("-O2").endswith(os.sep + "flags-" + build_folder("-O2")[-10:])  # doctest: +SKIP
-        True
+        >>> os.path.basename(build_folder("-O2")).startswith("flags-"), build_folder("-O2") == build_folder("-O3")
+        (True, False)
     """
     from keopscore.config import config
 
@@ -162,10 +216,13 @@ def keops_session() -> Iterator[None]:
 
     Example:
         >>> import torch
-        >>> x = torch.randn(600, 3)
-        >>> with keops_session():  # doctest: +SKIP
-        ...     K = (-((keops_lazy_tensor(x[:, None]) - keops_lazy_tensor(x[None])) ** 2).sum(-1)).exp()
-        ...     out = K @ torch.ones(600, 1)
+        >>> from lazykern.formulas import StationaryFormula
+        >>> x = torch.randn(600, 3, dtype=torch.float64)
+        >>> with keops_session():  # the RBF formula of K(x, x), as lazykern's engines write it
+        ...     K = StationaryFormula("rbf")(keops_lazy_tensor(x[:, None]), keops_lazy_tensor(x[None]))
+        ...     out = K @ torch.ones(600, 2, dtype=torch.float64)
+        >>> out.shape
+        torch.Size([600, 2])
     """
     _install()
     depth = getattr(_session, "depth", 0)
@@ -177,44 +234,51 @@ def keops_session() -> Iterator[None]:
 
 
 def _install() -> None:
-    """Hook KeOps once per process: tag options of reductions built in a session, and route tagged
-    CPU loads through :class:`_LazykernLoader`. Both hooks defer to KeOps for everything else."""
+    """Hook KeOps once per process: tag options of reductions built in a session, and route every
+    load through :class:`_LazykernLoader` (tagged CPU loads with lazykern's flags, all others as
+    KeOps would, under the same lock). Nothing is hooked on a version outside
+    :data:`PATCHED_VERSIONS`."""
     global _installed
     if _installed:
         return
     with _install_lock:
         if _installed:
             return
-        import pykeops.torch.generic.generic_red as generic_red
-        from pykeops.common.keops_io import keops_binder
+        if _FALLBACK is None:
+            import pykeops.torch.generic.generic_red as generic_red
+            from pykeops.common.keops_io import keops_binder
 
-        original_flags = generic_red.get_optional_flags
+            original_flags = generic_red.get_optional_flags
 
-        def get_optional_flags(*args: Any, **kwargs: Any) -> dict:
-            options = original_flags(*args, **kwargs)
-            if getattr(_session, "depth", 0):
-                options[_MARK] = compile_flags()
-            return options
+            def get_optional_flags(*args: Any, **kwargs: Any) -> dict:
+                options = original_flags(*args, **kwargs)
+                if getattr(_session, "depth", 0):
+                    options[_MARK] = compile_flags()
+                return options
 
-        generic_red.get_optional_flags = get_optional_flags
-        keops_binder["cpp"] = _LazykernLoader(keops_binder["cpp"])
+            generic_red.get_optional_flags = get_optional_flags
+            for key in list(keops_binder):
+                keops_binder[key] = _LazykernLoader(keops_binder[key], lazykern_builds=key == "cpp")
         _installed = True
 
 
 class _LazykernLoader:
-    """Stands in for KeOps' CPU loader (``keops_binder["cpp"]``). Reductions carrying lazykern's
-    mark are built with lazykern's flags in lazykern's folder, under the compile lock, and kept in
-    a per-process table; all others go to KeOps' own loader untouched."""
+    """Stands in for a KeOps loader (``keops_binder["cpp"]`` or ``["nvrtc"]``). On the CPU,
+    reductions carrying lazykern's mark are built with lazykern's flags in lazykern's folder, under
+    the compile lock, and kept in a per-process table; all others go to KeOps' own loader
+    untouched, under the same thread lock (so they never see lazykern's flags switched in)."""
 
-    def __init__(self, keops_loader: Any) -> None:
+    def __init__(self, keops_loader: Any, lazykern_builds: bool) -> None:
         self._keops_loader = keops_loader
+        self._lazykern_builds = lazykern_builds
         self._loaded: dict[str, Any] = {}
 
     def __call__(self, *args: Any) -> Any:
         options = args[-1]
-        flags = options.get(_MARK) if isinstance(options, dict) else None
+        flags = options.get(_MARK) if (self._lazykern_builds and isinstance(options, dict)) else None
         if flags is None:
-            return self._keops_loader(*args)
+            with _switch_lock:
+                return self._keops_loader(*args)
         key = "".join(str(a) for a in args)
         loaded = self._loaded.get(key)
         if loaded is None:

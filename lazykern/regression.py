@@ -116,6 +116,7 @@ class ExactGPRegressor(gpytorch.models.ExactGP):
         self.covar_module = kernel
 
     def forward(self, x: Tensor) -> gpytorch.distributions.MultivariateNormal:
+        """The GP prior at ``x``: constant mean, the model's kernel."""
         return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
@@ -264,7 +265,11 @@ class PeakMemory:
 
     On CPU the process's high-water mark (``VmHWM``) is reset on entry through
     ``/proc/self/clear_refs`` (Linux); where that is impossible the peak since process start is
-    reported and :attr:`since_start` is ``True``.
+    reported and ``since_start`` is ``True``.
+
+    Attributes:
+        mb: the peak, in MiB (set on exit).
+        since_start: whether ``mb`` is the peak since process start rather than since entry.
 
     Example:
         >>> import torch

@@ -81,7 +81,8 @@ class engine(_Setting):
     * ``"keops"``: always the symbolic KeOps reduction;
     * ``"torch"``: always the chunked torch engine (bounded by :class:`chunk_bytes`).
 
-    Both engines evaluate the same formula and agree to rounding.
+    Both engines evaluate the same formula and agree to rounding. A side with a single point
+    runs on the torch engine whatever the setting (KeOps would read it as a parameter).
     """
 
     _default = "auto"
@@ -124,11 +125,17 @@ class chunk_bytes(_Setting):
 
 
 class max_dense_bytes(_Setting):
-    """Largest N x M kernel matrix, in bytes, that an operator may form once (blockwise, never
-    N x M x d) to serve its matvecs by BLAS. ``0`` means always lazy.
+    """Dense budget: the most bytes of N x M kernel matrices that lazykern keeps, per device, to
+    serve matvecs by BLAS (each formed once, blockwise, never N x M x d). ``0`` means always lazy.
 
-    Default: a quarter of the memory available when first asked (``MemAvailable`` on Linux),
-    so that the dense matrix plus the solver's work space stays well inside memory.
+    The budget caps the *total* held on a device: a new matrix evicts the least recently used
+    ones until everything fits, and one that cannot fit is not formed (the operator stays lazy).
+
+    Default: a quarter of the memory available on the tensors' device, read again each time a
+    new matrix is considered: ``MemAvailable`` (Linux; physical memory elsewhere) for CPU tensors,
+    free device memory (``torch.cuda.mem_get_info`` plus what torch's allocator holds unused) for
+    CUDA tensors. What lazykern's dense cache already holds counts as available, since it would be
+    released first. An explicit value applies to every device.
     """
 
     _default = None
@@ -139,9 +146,28 @@ class max_dense_bytes(_Setting):
 
     @classmethod
     def _default_value(cls) -> int:
-        if cls._default is None:
-            cls._default = _available_memory_bytes() // 4
-        return cls._default
+        return _available_memory_bytes() // 4
+
+    @classmethod
+    def for_device(cls, device: Any, held: int = 0) -> int:
+        """The budget for tensors on ``device`` (a ``torch.device``), given that lazykern's
+        dense cache already holds ``held`` bytes there."""
+        stack = cls._stack()
+        if stack:
+            return stack[-1]
+        if cls._global is not None:
+            return cls._global
+        if getattr(device, "type", "cpu") == "cuda":
+            return (_free_cuda_bytes(device) + held) // 4
+        return (_available_memory_bytes() + held) // 4
+
+
+def _free_cuda_bytes(device: Any) -> int:
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(device)
+    # Blocks torch's caching allocator reserved but does not use are free to torch tensors.
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
 def _available_memory_bytes() -> int:

@@ -25,6 +25,20 @@ def check_floating_matrix(name: str, x: object, *, min_dim: int = 2) -> Tensor:
     return x
 
 
+def _check_input(name: str, x: object) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype == torch.bool or x.is_complex():
+        raise TypeError(f"{name} must hold real numbers (float or integer), got {x.dtype}")
+    if x.dim() < 2:
+        raise ValueError(f"{name} must have at least 2 dimensions (..., n, d), got shape {tuple(x.shape)}")
+    if x.numel() == 0:
+        raise ValueError(f"{name} must not be empty, got shape {tuple(x.shape)}")
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return x
+
+
 def check_kernel_inputs(
     x1: object,
     x2: object,
@@ -32,22 +46,28 @@ def check_kernel_inputs(
     num_dims: int | None = None,
     num_dims_name: str = "ard_num_dims",
     dtype: torch.dtype | None = None,
-) -> None:
-    """Validate a pair of kernel inputs before anything is compiled or allocated.
+) -> torch.dtype:
+    """Validate a pair of kernel inputs before anything is compiled or allocated, and return the
+    dtype the kernel computes in.
+
+    Dtypes promote as in GPyTorch (and torch): float64 inputs into a float32 kernel compute in
+    float64, integer inputs take the kernel's dtype. The result must be float32 or float64.
 
     Args:
         num_dims: the feature dimension the kernel was built for (``None``: any).
         num_dims_name: the constructor argument that fixed ``num_dims``, for the message.
-        dtype: the kernel's parameter dtype; inputs must match it.
+        dtype: the kernel's parameter dtype (``None``: the inputs' alone).
     """
-    check_floating_matrix("x1", x1)
-    check_floating_matrix("x2", x2)
-    if x1.dtype != x2.dtype:
-        raise TypeError(f"x1 and x2 must have the same dtype, got {x1.dtype} and {x2.dtype}")
-    if dtype is not None and x1.dtype != dtype:
+    _check_input("x1", x1)
+    _check_input("x2", x2)
+    result = torch.promote_types(x1.dtype, x2.dtype)
+    if dtype is not None:
+        result = torch.promote_types(result, dtype)
+    if result not in _FLOATS:
         raise TypeError(
-            f"x1 has dtype {x1.dtype} but the kernel's hyperparameters are {dtype}; "
-            f"call kernel.to({x1.dtype}) or convert the inputs"
+            f"kernel inputs must compute in float32 or float64, got x1: {x1.dtype}, x2: {x2.dtype}"
+            + (f", hyperparameters: {dtype}" if dtype is not None else "")
+            + f" (promoted: {result})"
         )
     if x1.device != x2.device:
         raise ValueError(f"x1 and x2 must be on the same device, got {x1.device} and {x2.device}")
@@ -60,6 +80,7 @@ def check_kernel_inputs(
             f"inputs have {x1.shape[-1]} features (after active_dims) but the kernel expects "
             f"{num_dims} ({num_dims_name}={num_dims})"
         )
+    return result
 
 
 def check_positive_int(name: str, value: object) -> int:

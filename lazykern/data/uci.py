@@ -183,7 +183,7 @@ def fetch_uci(
     """Download a dataset's two files into the cache (once) and return its folder.
 
     Each file is fetched from ``{base_url}/{name}/{file}``, its SHA-256 compared with
-    :data:`lazykern.data.checksums.SHA256`, and only then moved into ``{cache_dir}/{name}/``.
+    ``lazykern.data.checksums.SHA256``, and only then moved into ``{cache_dir}/{name}/``.
     Cached files are re-verified on every call and downloaded again if they differ. Concurrent
     calls (threads or processes) are serialized by a lock file in the dataset folder.
 
@@ -297,7 +297,8 @@ def load_uci(
         progress: show a progress bar (on stderr) if the dataset has to be downloaded.
 
     Raises:
-        ValueError / TypeError: a bad argument (checked before any file is read).
+        ValueError: a bad argument value (checked before any file is read).
+        TypeError: an argument of the wrong type (checked before any file is read).
         FileNotFoundError: the data folder lacks the dataset.
         DownloadError: the dataset had to be downloaded and could not be.
 

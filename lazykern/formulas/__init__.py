@@ -5,6 +5,7 @@ KeOps ``LazyTensor`` objects (symbolic, never stored) and on ``torch.Tensor`` bl
 chunks), because both share torch's operator syntax. Nothing here imports GPyTorch.
 """
 
-from .stationary import StationaryFormula, PROFILES
+from .composite import Combination, Part, Scaled
+from .stationary import PROFILES, StationaryFormula
 
-__all__ = ["StationaryFormula", "PROFILES"]
+__all__ = ["Combination", "PROFILES", "Part", "Scaled", "StationaryFormula"]

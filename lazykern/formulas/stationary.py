@@ -101,8 +101,8 @@ class StationaryFormula:
     additive: bool = False
     nu: float | None = None
 
-    #: k depends on x - x' only and is even in it, so dk/dx' = -dk/dx: the engines may fuse the
-    #: gradients with respect to both sides of K(X, X) into one reduction.
+    #: Whether k depends on x - x' only and is even in it (so dk/dx' = -dk/dx), which lets the
+    #: engines fuse the gradients for both sides of K(X, X) into one reduction.
     even_stationary = True
 
     def __post_init__(self) -> None:

@@ -2,5 +2,6 @@
 
 from .additive_structure import AdditiveStructureKernel
 from .base_kernels import MaternKernel, PeriodicKernel, RBFKernel, RQKernel
+from .combination import ProductKernel
 
-__all__ = ["AdditiveStructureKernel", "MaternKernel", "PeriodicKernel", "RBFKernel", "RQKernel"]
+__all__ = ["AdditiveStructureKernel", "MaternKernel", "PeriodicKernel", "ProductKernel", "RBFKernel", "RQKernel"]

@@ -9,10 +9,10 @@ from torch import Tensor
 
 from ..operators import LazyKernelOperator
 from ..validation import check_kernel_inputs, check_positive_int
-from .stationary import check_no_last_dim_is_batch, formula_for, formula_inputs
+from .stationary import LazyKernelMixin, check_no_last_dim_is_batch, formula_for, formula_inputs
 
 
-class AdditiveStructureKernel(Kernel):
+class AdditiveStructureKernel(LazyKernelMixin, Kernel):
     r"""A sum of one-dimensional kernels, one per input dimension, as **one** lazy formula.
 
     .. math::
@@ -29,7 +29,9 @@ class AdditiveStructureKernel(Kernel):
             ``MaternKernel``, ``RQKernel`` or ``PeriodicKernel``. Its hyperparameters are the ones
             used and trained: a lengthscale (and period) shared across dimensions (``ard_num_dims``
             unset) or one per dimension (``ard_num_dims=num_dims``).
-        num_dims: number of input dimensions D (after ``active_dims``).
+        num_dims: number of input dimensions D (after ``active_dims``). Optional when it follows
+            from the rest: the length of ``active_dims``, or ``ard_num_dims`` of the base kernel;
+            without any of them (and without ``component_scales``) any D is accepted.
         active_dims: columns of the input to use (as in every GPyTorch kernel).
         component_scales: learn a positive weight :math:`s_d` per dimension (initialized to 1, so
             the kernel starts equal to the unweighted sum). Otherwise :math:`s_d = 1`.
@@ -51,14 +53,19 @@ class AdditiveStructureKernel(Kernel):
     def __init__(
         self,
         base_kernel: Kernel,
-        num_dims: int,
+        num_dims: int | None = None,
         active_dims: tuple[int, ...] | None = None,
         component_scales: bool = False,
         component_scales_constraint: Interval | None = None,
     ) -> None:
         formula = formula_for(base_kernel, additive=True)
-        check_positive_int("num_dims", num_dims)
-        if active_dims is not None and len(active_dims) != num_dims:
+        if num_dims is None:
+            num_dims = _implied_num_dims(base_kernel, active_dims)
+        if num_dims is not None:
+            check_positive_int("num_dims", num_dims)
+        elif component_scales:
+            raise ValueError("component_scales=True needs num_dims (one scale per dimension), got num_dims=None")
+        if active_dims is not None and num_dims is not None and len(active_dims) != num_dims:
             raise ValueError(f"active_dims has {len(active_dims)} entries but num_dims={num_dims}")
         if base_kernel.active_dims is not None:
             raise ValueError(
@@ -71,7 +78,7 @@ class AdditiveStructureKernel(Kernel):
                     f"base_kernel.{name} has {value.shape[-1]} entries: use ard_num_dims=None (shared) "
                     f"or ard_num_dims=num_dims={num_dims} (one per dimension)"
                 )
-        super().__init__(active_dims=active_dims, batch_shape=base_kernel.batch_shape)
+        super().__init__(active_dims=active_dims)
         self.base_kernel = base_kernel
         self.num_dims = num_dims
         self.formula = formula
@@ -86,12 +93,23 @@ class AdditiveStructureKernel(Kernel):
             self.component_scales = torch.ones(*self.batch_shape, 1, num_dims, dtype=dtype)
 
     @property
+    def batch_shape(self) -> torch.Size:
+        """The base kernel's batch shape (also after ``kernel[i]`` or ``expand_batch``)."""
+        return self.base_kernel.batch_shape
+
+    @batch_shape.setter
+    def batch_shape(self, value: torch.Size) -> None:
+        # GPyTorch's indexing and expand_batch set it; the base kernel already carries it.
+        self._batch_shape = torch.Size(value)
+
+    @property
     def component_scales(self) -> Tensor:
-        """The per-dimension weights :math:`s_d`, shape ``(*batch_shape, 1, num_dims)``."""
+        """The per-dimension weights :math:`s_d`, shape ``(*batch_shape, 1, num_dims)`` (``num_dims``
+        1 for fixed unit weights when ``num_dims`` is ``None``: they broadcast over any D)."""
         if not hasattr(self, "raw_component_scales"):
             dtype = self.base_kernel.raw_lengthscale.dtype
             device = self.base_kernel.raw_lengthscale.device
-            return torch.ones(*self.batch_shape, 1, self.num_dims, dtype=dtype, device=device)
+            return torch.ones(*self.batch_shape, 1, self.num_dims or 1, dtype=dtype, device=device)
         return self.raw_component_scales_constraint.transform(self.raw_component_scales)
 
     @component_scales.setter
@@ -105,12 +123,22 @@ class AdditiveStructureKernel(Kernel):
         self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params
     ) -> LazyKernelOperator | Tensor:
         check_no_last_dim_is_batch(self, last_dim_is_batch)
-        dtype = self.base_kernel.raw_lengthscale.dtype
-        check_kernel_inputs(x1, x2, num_dims=self.num_dims, num_dims_name="num_dims", dtype=dtype)
-        x1_, x2_, tensor_params = formula_inputs(self.base_kernel, x1, x2)
-        tensor_params["scales"] = self.component_scales
+        dtype = check_kernel_inputs(
+            x1, x2, num_dims=self.num_dims, num_dims_name="num_dims", dtype=self.base_kernel.raw_lengthscale.dtype
+        )
+        x1_, x2_, tensor_params = formula_inputs(self.base_kernel, x1, x2, dtype)
+        # Per-dimension scales, so that fixed and learned scales run the same compiled formula.
+        scales = self.component_scales.to(dtype)
+        tensor_params["scales"] = scales.expand(*scales.shape[:-1], x1.shape[-1])
         op = LazyKernelOperator(x1_, x2_, covar_func=self.formula, **tensor_params)
         return op.diagonal(dim1=-2, dim2=-1) if diag else op
 
     def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
         return self.base_kernel.prediction_strategy(train_inputs, train_prior_dist, train_labels, likelihood)
+
+
+def _implied_num_dims(base_kernel: Kernel, active_dims: tuple[int, ...] | None) -> int | None:
+    if active_dims is not None:
+        return len(active_dims)
+    ard = getattr(base_kernel, "ard_num_dims", None)
+    return ard if ard not in (None, 1) else None

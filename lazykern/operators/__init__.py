@@ -1,5 +1,8 @@
-"""Linear operators users hold: lazy kernel matrices (one operator per file)."""
+"""Linear operators users hold: lazy kernel matrices (one operator per file), their dense cache,
+and the view of any operator that iterative solvers (lazykern's, SciPy's) apply."""
 
+from .dense_cache import DENSE_CACHE, DenseCache
 from .kernel_operator import LazyKernelOperator
+from .scipy_view import as_scipy, evaluate_kernels, operator_matmul
 
-__all__ = ["LazyKernelOperator"]
+__all__ = ["DENSE_CACHE", "DenseCache", "LazyKernelOperator", "as_scipy", "evaluate_kernels", "operator_matmul"]

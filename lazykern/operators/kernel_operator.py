@@ -2,32 +2,44 @@
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
-from linear_operator.operators import KernelLinearOperator
-from linear_operator.utils.memoize import cached
+from linear_operator.operators import KernelLinearOperator, LinearOperator
 from torch import Tensor
-from torch.utils.weak import WeakIdKeyDictionary
 
-from .. import backend, settings
+from .. import backend
+from ..formulas import Combination, Part, Scaled
+from .dense_cache import DENSE_CACHE
 
 
-#: x1 -> (weak refs to x2 and the parameters, versions and formula, dense matrix). Keyed by identity
-#: (tensors compare elementwise) and dropped when x1 dies.
-_DENSE_CACHE = WeakIdKeyDictionary()
+def _one_tensor(a: Tensor, b: Tensor) -> bool:
+    """Whether gradients for ``b`` may be given to ``a``: the same tensor, or views of one tensor
+    with one geometry (what KernelLinearOperator makes of ``x1 is x2`` in a batch)."""
+    if a is b:
+        return True
+    return (
+        a._base is not None
+        and a._base is b._base
+        and (a.shape, a.stride(), a.storage_offset()) == (b.shape, b.stride(), b.storage_offset())
+    )
 
 
 class LazyKernelOperator(KernelLinearOperator):
     r"""The matrix :math:`K_{ij} = k(x^{(1)}_i, x^{(2)}_j)` of a formula, never stored unless it fits.
 
     Matvecs run on KeOps (O((N + M) D) memory) or on the chunked torch engine (see
-    :mod:`lazykern.backend`). When the N x M matrix fits in
-    :class:`lazykern.settings.max_dense_bytes`, it is formed once, blockwise, and later matvecs
-    use BLAS; gradients still come from the lazy reduction. Diagonals and gathered entries are
-    O(N D) elementwise evaluations, so pivoted-Cholesky preconditioners never touch a full row
-    block of the pairwise expression.
+    :mod:`lazykern.backend`). When the N x M matrix fits the dense budget
+    (:class:`lazykern.settings.max_dense_bytes`), it is formed once, blockwise, kept in
+    :data:`~lazykern.operators.dense_cache.DENSE_CACHE`, and later matvecs use BLAS; gradients
+    still come from the lazy reduction. Diagonals and gathered entries are O(N D) elementwise
+    evaluations, so pivoted-Cholesky preconditioners never touch a full row block of the pairwise
+    expression.
+
+    Sums, elementwise products and constant multiples of lazykern operators of one shape are
+    again lazykern operators of **one** formula (:mod:`lazykern.formulas.composite`): GPyTorch's
+    ``ScaleKernel``, ``AdditiveKernel`` and ``ProductKernel`` of lazykern kernels evaluate as one
+    reduction, with no root decomposition.
 
     Args:
         x1: ``(..., N, D)`` inputs, already transformed for the formula (e.g. divided by lengthscales).
@@ -42,7 +54,20 @@ class LazyKernelOperator(KernelLinearOperator):
         >>> K = LazyKernelOperator(x, x, covar_func=StationaryFormula("rbf"))
         >>> (K @ torch.ones(100, 1, dtype=torch.float64)).shape
         torch.Size([100, 1])
+        >>> type(K + 2 * K).__name__  # one formula: the sum of K and a scaled K
+        'LazyKernelOperator'
     """
+
+    def __init__(self, x1: Tensor, x2: Tensor, covar_func: Any, **kwargs: Any) -> None:
+        if x2 is x1:
+            # KernelLinearOperator broadcasts x1 and x2 to the batch shape one by one (two copies);
+            # broadcast once here instead, so that both sides stay views of one tensor.
+            batch = torch.broadcast_shapes(
+                x1.shape[:-2], *(p.shape[:-2] for p in kwargs.values() if torch.is_tensor(p))
+            )
+            if batch != x1.shape[:-2]:
+                x1 = x2 = x1.expand(*batch, *x1.shape[-2:]).contiguous()
+        super().__init__(x1, x2, covar_func=covar_func, **kwargs)
 
     # ------------------------------------------------------------------ reductions
     def _needs_grad(self, rhs: Tensor) -> bool:
@@ -50,61 +75,61 @@ class LazyKernelOperator(KernelLinearOperator):
             t.requires_grad for t in (self.x1, self.x2, rhs, *self.tensor_params.values())
         )
 
-    def _dense_fits(self) -> bool:
+    def _cached_dense(self) -> Tensor | None:
+        """The dense matrix from the dense cache, formed now if it fits the budget; else ``None``."""
+        others = (self.x2, *self.tensor_params.values())
+        dense = DENSE_CACHE.lookup(self.x1, others, self.covar_func)
+        if dense is not None:
+            return dense
         n, m = self.x1.shape[-2], self.x2.shape[-2]
         nbytes = self.batch_broadcast_shape.numel() * n * m * self.x1.element_size()
-        return nbytes <= settings.max_dense_bytes.value()
-
-    def _dense_no_grad(self) -> Tensor:
-        # linear_operator rebuilds operators from their tensors inside Matmul/InvQuadLogdet, so a cache
-        # on this object would be lost; key it on the tensors themselves (identity and version).
-        others = (self.x2, *self.tensor_params.values())
-        key = (self.covar_func, tuple(t._version for t in (self.x1, *others)))
-        hit = _DENSE_CACHE.get(self.x1)
-        if hit is not None and hit[1] == key and all(r() is t for r, t in zip(hit[0], others)):
-            return hit[2]
+        if not DENSE_CACHE.fits(nbytes, self.x1.device):
+            return None
         with torch.no_grad():
             dense = backend.pairwise_dense(self.covar_func, self.x1, self.x2, self.tensor_params)
-        _DENSE_CACHE[self.x1] = (tuple(weakref.ref(t) for t in others), key, dense)
+        DENSE_CACHE.store(self.x1, others, self.covar_func, dense)
         return dense
 
     def _matmul(self, rhs: Tensor) -> Tensor:
         # Inside linear_operator's Matmul/solve functions grad is off here and gradients come from
         # _bilinear_derivative, which calls back into this method with grad on: the lazy branch.
-        if not self._needs_grad(rhs) and self._dense_fits():
-            return self._dense_no_grad() @ rhs
+        if not self._needs_grad(rhs):
+            dense = self._cached_dense()
+            if dense is not None:
+                return dense @ rhs
         return backend.pairwise_matmul(self.covar_func, self.x1, self.x2, self.tensor_params, rhs)
 
     def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor) -> tuple[Tensor | None, ...]:
         if self._fused_symmetric_gradient():
             if left_vecs.dim() == 1:
                 left_vecs, right_vecs = left_vecs.unsqueeze(-1), right_vecs.unsqueeze(-1)
-            grad_x, grads = backend.symmetric_gradients(
-                self.covar_func, self.x1, self.tensor_params, left_vecs, right_vecs
+            x2 = self.x1 if _one_tensor(self.x1, self.x2) else self.x2
+            fused = backend.symmetric_gradients(
+                self.covar_func, self.x1, x2, self.tensor_params, left_vecs, right_vecs
             )
-            # x1 and x2 are one tensor: its whole gradient goes to the first occurrence.
-            return (grad_x, None, *grads.values())
+            if fused is not None:
+                grad_x1, grad_x2, grads = fused
+                # linear_operator's representation order: x1, x2, then the parameters by name.
+                return (grad_x1, grad_x2, *(grads[name] for name in self._differentiable_kwargs))
         return super()._bilinear_derivative(left_vecs, right_vecs)
 
     def _fused_symmetric_gradient(self) -> bool:
         x1, x2 = self.x1, self.x2
-        same = x1 is x2 or (
-            x1.data_ptr() == x2.data_ptr() and x1.shape == x2.shape and x1.stride() == x2.stride()
-        )
         return (
-            same
-            and not self.batch_broadcast_shape
-            and getattr(self.covar_func, "even_stationary", False)
+            getattr(self.covar_func, "even_stationary", False)
             and backend.use_keops(x1.shape[-2], x2.shape[-2])
+            and (x1 is x2 or (x1.shape == x2.shape and torch.equal(x1, x2)))
         )
 
-    @cached
     def to_dense(self) -> Tensor:
-        if not (torch.is_grad_enabled() and self.requires_grad) and self._dense_fits():
-            return self._dense_no_grad()
+        """The dense ``(..., N, M)`` matrix: differentiable when gradients are enabled and some
+        input requires them, else the dense-cache copy when it fits the budget."""
+        if not (torch.is_grad_enabled() and self.requires_grad):
+            dense = self._cached_dense()
+            if dense is not None:
+                return dense
         return backend.pairwise_dense(self.covar_func, self.x1, self.x2, self.tensor_params)
 
-    @cached(name="kernel_diag")
     def _diagonal(self) -> Tensor:
         n = min(self.x1.shape[-2], self.x2.shape[-2])
         return backend.elementwise(
@@ -114,36 +139,80 @@ class LazyKernelOperator(KernelLinearOperator):
     def _get_indices(self, row_index: Any, col_index: Any, *batch_indices: Any) -> Tensor:
         x1 = self.x1[(*batch_indices, row_index)]
         x2 = self.x2[(*batch_indices, col_index)]
-        params = {name: p[batch_indices] for name, p in self.tensor_params.items()}
+        # (*batch, 1, K) -> (*indexed, K): one parameter row per gathered entry.
+        params = {name: p.squeeze(-2)[batch_indices] for name, p in self.tensor_params.items()}
         return backend.elementwise(self.covar_func, x1, x2, params)
 
+    # ------------------------------------------------------------------ one formula for sums and products
+    def __add__(self, other: Any) -> LinearOperator | Tensor:
+        combined = self._combine(other, "sum")
+        return super().__add__(other) if combined is None else combined
+
+    def _mul_matrix(self, other: LinearOperator | Tensor) -> LinearOperator:
+        combined = self._combine(other, "product")
+        return super()._mul_matrix(other) if combined is None else combined
+
+    def _mul_constant(self, other: Tensor) -> LinearOperator:
+        scale = other.to(self.dtype).reshape(*other.shape, 1, 1)
+        params = dict(self.tensor_params)
+        if isinstance(self.covar_func, Scaled):
+            formula = self.covar_func
+            params["outputscale"] = params["outputscale"] * scale
+        else:
+            formula = Scaled(self.covar_func)
+            params["outputscale"] = scale
+        return LazyKernelOperator(self.x1, self.x2, covar_func=formula, **params)
+
+    def _combine(self, other: Any, op: str) -> LazyKernelOperator | None:
+        """``self + other`` or ``self * other`` (elementwise) as one operator on the concatenated
+        inputs, or ``None`` when ``other`` is not a lazykern operator of the same shape."""
+        if not isinstance(other, LazyKernelOperator) or other.shape[-2:] != self.shape[-2:]:
+            return None
+        if other.device != self.device:
+            return None
+        try:
+            batch = torch.broadcast_shapes(self.batch_shape, other.batch_shape)
+        except RuntimeError:
+            return None
+        dtype = torch.promote_types(self.dtype, other.dtype)
+        parts: list[Part] = []
+        params: dict[str, Tensor] = {}
+        x1s, x2s, offset, symmetric = [], [], 0, True
+        for operand in (self, other):
+            formula = operand.covar_func
+            if isinstance(formula, Combination) and formula.op == op:
+                pieces = formula.parts
+            else:
+                names = tuple((name, name) for name in operand.tensor_params)
+                pieces = (Part(formula, 0, operand.x1.shape[-1], names),)
+            for piece in pieces:
+                names = tuple((f"t{len(parts)}_{inner}", inner) for _, inner in piece.names)
+                for (old, _), (new, _) in zip(piece.names, names):
+                    params[new] = operand.tensor_params[old].to(dtype)
+                parts.append(Part(piece.formula, offset + piece.start, offset + piece.stop, names))
+            x1 = operand.x1.to(dtype).expand(*batch, *operand.x1.shape[-2:])
+            x1s.append(x1)
+            x2s.append(x1 if operand.x2 is operand.x1 else operand.x2.to(dtype).expand(*batch, *operand.x2.shape[-2:]))
+            symmetric &= operand.x2 is operand.x1
+            offset += operand.x1.shape[-1]
+        x1 = torch.cat(x1s, dim=-1)
+        # One tensor for both sides keeps K(X, X) recognizable (fused symmetric gradient, one cache key).
+        x2 = x1 if symmetric else torch.cat(x2s, dim=-1)
+        return LazyKernelOperator(x1, x2, covar_func=Combination(op, tuple(parts)), **params)
+
     # ------------------------------------------------------------------ interop
-    def as_scipy(self):
-        """This (non-batch) operator as a ``scipy.sparse.linalg.LinearOperator`` (matvec and matmat).
+    def as_scipy(self) -> Any:
+        """This (non-batch) operator as a ``scipy.sparse.linalg.LinearOperator``: see
+        :func:`lazykern.operators.as_scipy`, which takes any ``LinearOperator``.
 
         Example:
-            >>> import scipy.sparse.linalg
-            >>> A = K.as_scipy()  # doctest: +SKIP
-            >>> x, info = scipy.sparse.linalg.cg(A, b)  # doctest: +SKIP
+            >>> import torch
+            >>> from lazykern.formulas import StationaryFormula
+            >>> x = torch.randn(50, 2, dtype=torch.float64)
+            >>> A = LazyKernelOperator(x, x, covar_func=StationaryFormula("rbf")).as_scipy()
+            >>> A.shape, A.dtype
+            ((50, 50), dtype('float64'))
         """
-        from scipy.sparse.linalg import LinearOperator as ScipyOperator
+        from .scipy_view import as_scipy
 
-        if len(self.batch_shape):
-            raise ValueError(f"as_scipy expects a non-batch operator, got batch shape {tuple(self.batch_shape)}")
-        torch_dtype, device = self.dtype, self.device
-        transposed = self._transpose_nonbatch()
-
-        def apply(op: LazyKernelOperator, v):
-            rhs = torch.as_tensor(v, dtype=torch_dtype, device=device).reshape(v.shape[0], -1)
-            with torch.no_grad():
-                return op._matmul(rhs).cpu().numpy()
-
-        numpy_dtype = torch.empty((), dtype=torch_dtype).numpy().dtype
-        return ScipyOperator(
-            self.shape,
-            matvec=lambda v: apply(self, v).reshape(-1),
-            matmat=lambda v: apply(self, v),
-            rmatvec=lambda v: apply(transposed, v).reshape(-1),
-            rmatmat=lambda v: apply(transposed, v),
-            dtype=numpy_dtype,
-        )
+        return as_scipy(self)

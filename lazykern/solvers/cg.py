@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from linear_operator.operators import LinearOperator
 from torch import Tensor
 
+from ..operators import operator_matmul
 from ..validation import check_floating_matrix
 
 __all__ = ["CGResult", "cg"]
@@ -133,8 +133,9 @@ def cg(
 
     Args:
         A: ``(N, N)`` symmetric positive definite operator supporting ``A @ X`` for an ``(N, C)``
-            tensor: a ``torch.Tensor``, a ``linear_operator`` ``LinearOperator`` (lazykern kernel
-            operators included, e.g. ``K.add_diagonal(alpha)``).
+            tensor: a ``torch.Tensor`` or any ``linear_operator`` ``LinearOperator``, including
+            what GPyTorch kernels return (``kernel(X).add_diagonal(noise)``, ``ScaleKernel`` and
+            sum outputs).
         B: ``(N,)`` or ``(N, C)`` finite right-hand sides, same dtype (float32/float64) as ``A``.
         precond: a callable applying :math:`M^{-1} \approx A^{-1}` to an ``(N, C)`` block, e.g. a
             :class:`~lazykern.solvers.JacobiPreconditioner` or
@@ -160,10 +161,7 @@ def cg(
     n = _check_inputs(A, B, tol, max_iter, precond, callback)
     max_iter = min(10 * n, 1000) if max_iter is None else max_iter
     vector = B.dim() == 1
-    # A LinearOperator's `@` goes through an autograd Function that rebuilds the operator from its
-    # representation on every call, losing its caches (e.g. a kernel matrix kept under the dense
-    # budget); its `_matmul` is the closure linear_operator's own solvers iterate with.
-    matmul = A._matmul if isinstance(A, LinearOperator) else A.__matmul__
+    matmul = operator_matmul(A)
     with torch.no_grad():
         X, result = _cg(matmul, B.unsqueeze(-1) if vector else B, precond, float(tol), max_iter, callback)
     if not result.all_converged:

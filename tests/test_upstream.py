@@ -1,0 +1,310 @@
+"""GPyTorch's and linear_operator's own test suites, run on lazykern's kernels and operators.
+
+* ``gpytorch.test.base_kernel_test_case.BaseKernelTestCase`` for every lazykern kernel (no-ARD and
+  ARD; each base alone, inside ``AdditiveStructureKernel``, and a product), as GPyTorch's own
+  kernels pass it;
+* the checks of GPyTorch's KeOps kernel tests (``gpytorch.test.base_keops_test_case.BaseKeOpsTestCase``,
+  which patches GPyTorch's own KeOps module and so cannot be subclassed: the lazy kernel against
+  its non-KeOps namesake for ``x1 == x2`` and ``x1 != x2``, diagonals, batches, gradients), plus
+  broadcast right-hand sides, with the stricter tolerance of a float64 comparison;
+* ``linear_operator.test.linear_operator_test_case.LinearOperatorTestCase`` (square ``K(X, X)``,
+  batch) and ``RectangularLinearOperatorTestCase`` (``K(X, Z)``) for ``LazyKernelOperator``.
+
+Modes: KeOps forced with the dense budget at 0 (``keops``), the torch engine likewise (``torch``),
+and default settings (``default``). The kernel test bases run in all three (they compare dense
+matrices and diagonals, which never need a KeOps reduction). The KeOps checks run forced on KeOps
+and on the torch engine for every kernel, batched and with default settings at N = 600 (where
+``engine="auto"`` picks KeOps) for the RBF kernel. The operator suites run the square ``K(X, X)``
+in all three modes, batch and rectangular operators on the torch engine and with default settings,
+all at the suites' own small sizes (see OPERATOR_CASES).
+
+Compile budget: every KeOps test uses D = 3 and float64 like ``test_kernels.py``, whose formulas
+(2 right-hand-side columns) the per-family checks share; batched reductions compile a variant of
+their own, so only the RBF formula runs them on KeOps; the operator suites use one formula (RQ)
+and run on KeOps only where ``K(X, X)`` does, once per right-hand-side width linear_operator uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import unittest
+import warnings
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.test.base_kernel_test_case import BaseKernelTestCase
+from linear_operator.test.linear_operator_test_case import (
+    LinearOperatorTestCase,
+    RectangularLinearOperatorTestCase,
+)
+
+import lazykern
+from lazykern import backend, settings
+from lazykern.formulas import StationaryFormula
+from lazykern.operators import LazyKernelOperator
+
+from .test_kernels import FAMILIES, assert_close
+
+F64 = torch.float64
+MODES = {
+    "keops": lambda: (settings.engine("keops"), settings.max_dense_bytes(0)),
+    "torch": lambda: (settings.engine("torch"), settings.max_dense_bytes(0)),
+    "default": lambda: (),
+}
+
+
+class _InMode:
+    """unittest mixin: every test of the class runs inside the settings of ``self.mode``."""
+
+    mode = "default"
+    #: tests of a ``keops`` class that run on the torch engine instead (see where it is set)
+    torch_engine_tests: frozenset[str] = frozenset()
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._mode = contextlib.ExitStack()
+        mode = "torch" if self._testMethodName in self.torch_engine_tests else self.mode
+        for ctx in MODES[mode]():
+            self._mode.enter_context(ctx)
+
+    def tearDown(self) -> None:
+        self._mode.close()
+        super().tearDown()
+
+
+def _base(family: str, **kwargs):
+    if family.startswith("matern"):
+        return lazykern.MaternKernel(nu=float(family[len("matern") :]), **kwargs)
+    return {"rbf": lazykern.RBFKernel, "rq": lazykern.RQKernel, "periodic": lazykern.PeriodicKernel}[family](**kwargs)
+
+
+def _build(family: str, structure: str, num_dims, **kwargs):
+    if structure == "alone":
+        return _base(family, ard_num_dims=num_dims, **kwargs)
+    if structure == "product":
+        return lazykern.ProductKernel(
+            _base(family, ard_num_dims=num_dims, **kwargs), _base("periodic", ard_num_dims=num_dims, **kwargs)
+        )
+    active_dims = kwargs.pop("active_dims", None)
+    return lazykern.AdditiveStructureKernel(
+        _base(family, ard_num_dims=num_dims, **kwargs), num_dims=num_dims, active_dims=active_dims
+    )
+
+
+# ------------------------------------------------------------------ GPyTorch's BaseKernelTestCase
+class _KernelCase(_InMode, BaseKernelTestCase):
+    family = "rbf"
+    structure = "alone"
+
+    def create_kernel_no_ard(self, **kwargs):
+        return _build(self.family, self.structure, None, **kwargs)
+
+    def create_kernel_ard(self, num_dims, **kwargs):
+        return _build(self.family, self.structure, num_dims, **kwargs)
+
+
+KERNEL_CASES = [(f, s) for f in FAMILIES for s in ("alone", "additive")] + [("rbf", "product")]
+for _family, _structure in KERNEL_CASES:
+    for _mode in MODES:
+        _name = f"TestKernelCase_{_family.replace('.', '')}_{_structure}_{_mode}"
+        globals()[_name] = type(
+            _name, (_KernelCase, unittest.TestCase), {"family": _family, "structure": _structure, "mode": _mode}
+        )
+
+
+# ------------------------------------------------------------------ GPyTorch's KeOps kernel checks
+def _twins(family: str, structure: str, ard: bool):
+    """A lazykern kernel and its non-KeOps GPyTorch namesake with the same, non-default hyperparameters."""
+    d = 3 if ard else None
+    mine = _build(family, structure, d).double()
+    base = mine if structure == "alone" else mine.base_kernel
+    parent = next(c for c in type(base).__mro__ if c.__module__.startswith("gpytorch.kernels"))
+    kwargs = {"nu": base.nu} if hasattr(base, "nu") else {}
+    if ard:  # GPyTorch's PeriodicKernel breaks on an explicit ard_num_dims=None
+        kwargs["ard_num_dims"] = d
+    theirs_base = parent(**kwargs).double()
+    base.lengthscale = torch.linspace(0.7, 1.6, base.raw_lengthscale.shape[-1], dtype=F64)
+    if family == "rq":
+        base.alpha = 1.3
+    if family == "periodic":
+        base.period_length = torch.linspace(1.2, 2.1, base.raw_lengthscale.shape[-1], dtype=F64)
+    theirs_base.load_state_dict(base.state_dict())
+    if structure == "alone":
+        return mine, theirs_base
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # GPyTorch deprecates its additive kernel
+        return mine, gpytorch.kernels.AdditiveStructureKernel(theirs_base, num_dims=3).double()
+
+
+def _rtol(family: str) -> float:
+    # GPyTorch computes distances as |x|^2 - 2 x.x' + |x'|^2, which cancels near coincident points
+    # (error ~1e-8 in r): visible only where k has a kink at r = 0. test_kernels.py holds lazykern
+    # to 1e-10 against references from the math there.
+    return 1e-7 if family == "matern0.5" else 1e-10
+
+
+@contextlib.contextmanager
+def _keops_must_run(mode: str, monkeypatch):
+    """Count lazykern's KeOps sessions; in the keops mode the check must have used KeOps."""
+    calls = []
+    session = backend.keops_session
+    monkeypatch.setattr(backend, "keops_session", lambda: calls.append(1) or session())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with contextlib.ExitStack() as stack:
+            for ctx in MODES[mode]():
+                stack.enter_context(ctx)
+            yield calls
+    if mode == "keops":
+        assert calls, "the KeOps engine never ran"
+
+
+KEOPS_CHECKS = [(f, s, a) for f in FAMILIES for s in ("alone", "additive") for a in (False, True)]
+CHECK_IDS = [f"{f}-{s}-{'ard' if a else 'shared'}" for f, s, a in KEOPS_CHECKS]
+
+
+@pytest.mark.parametrize("mode", ["keops", "torch"])
+@pytest.mark.parametrize("family, structure, ard", KEOPS_CHECKS, ids=CHECK_IDS)
+def test_keops_checks_forward_x1_eq_x2_and_neq(family, structure, ard, mode, monkeypatch):
+    mine, theirs = _twins(family, structure, ard)
+    x1, x2 = torch.randn(100, 3, dtype=F64), torch.randn(50, 3, dtype=F64)
+    with _keops_must_run(mode, monkeypatch):
+        for a, b in ((x1, x1), (x1, x2)):
+            rhs = torch.randn(b.shape[0], 2, dtype=F64)
+            with torch.no_grad():
+                assert_close(mine(a, b) @ rhs, theirs(a, b).to_dense() @ rhs, rtol=_rtol(family))
+                assert_close(mine(a, b).to_dense(), theirs(a, b).to_dense(), rtol=_rtol(family))
+            d1 = mine(a, a).diagonal(dim1=-1, dim2=-2)
+            assert_close(d1, theirs(a, a).diagonal(dim1=-1, dim2=-2), rtol=_rtol(family))
+            assert_close(d1, mine(a, a).to_dense().diagonal(), rtol=_rtol(family))
+
+
+@pytest.mark.parametrize("mode", ["keops", "torch"])
+@pytest.mark.parametrize("family, structure, ard", KEOPS_CHECKS, ids=CHECK_IDS)
+def test_keops_checks_gradient(family, structure, ard, mode, monkeypatch):
+    mine, theirs = _twins(family, structure, ard)
+    x = torch.randn(100, 3, dtype=F64)
+    z = torch.randn(50, 3, dtype=F64)
+    with _keops_must_run(mode, monkeypatch):
+        for b in (x, z):
+            rhs, w = torch.randn(b.shape[0], 2, dtype=F64), torch.randn(100, 2, dtype=F64)
+            grads = torch.autograd.grad(((mine(x, b) @ rhs) * w).sum(), list(mine.parameters()))
+            expected = torch.autograd.grad(((theirs(x, b).to_dense() @ rhs) * w).sum(), list(theirs.parameters()))
+            for g, e in zip(grads, expected):
+                assert_close(g, e, rtol=_rtol(family))
+
+
+# Batched KeOps reductions compile a variant of their own: on KeOps (forced and default settings)
+# the RBF formula only (compile budget); test_kernels.py runs the additive formula batched and
+# test_dropin.py with broadcast right-hand sides. Every kernel runs them on the torch engine.
+BATCH_CHECKS = [
+    (*case, mode)
+    for case in KEOPS_CHECKS
+    for mode in ("torch", "keops", "default")
+    if mode == "torch" or case[:2] == ("rbf", "alone")
+]
+
+
+@pytest.mark.parametrize(
+    "family, structure, ard, mode",
+    BATCH_CHECKS,
+    ids=[f"{f}-{s}-{'ard' if a else 'shared'}-{m}" for f, s, a, m in BATCH_CHECKS],
+)
+def test_keops_checks_batch_and_broadcast_rhs(family, structure, ard, mode, monkeypatch):
+    mine, theirs = _twins(family, structure, ard)
+    n = 600 if mode == "default" else 100  # default settings pick KeOps from 512 points
+    x = torch.randn(2, 2, n, 3, dtype=F64)
+    with _keops_must_run(mode, monkeypatch) as calls:
+        # batch_matmul: a non-batch kernel on batched inputs
+        rhs, w = torch.randn(2, 2, n, 2, dtype=F64), torch.randn(2, 2, n, 2, dtype=F64)
+        out = mine(x) @ rhs
+        expected = theirs(x).to_dense() @ rhs
+        assert_close(out, expected, rtol=_rtol(family))
+        for g, e in zip(
+            torch.autograd.grad((out * w).sum(), list(mine.parameters())),
+            torch.autograd.grad((expected * w).sum(), list(theirs.parameters())),
+        ):
+            assert_close(g, e, rtol=_rtol(family))
+        # broadcast right-hand sides: batched rhs against a non-batch kernel matrix
+        out = mine(x[0, 0]) @ rhs
+        expected = theirs(x[0, 0]).to_dense() @ rhs
+        assert_close(out, expected, rtol=_rtol(family))
+        for g, e in zip(
+            torch.autograd.grad((out * w).sum(), list(mine.parameters())),
+            torch.autograd.grad((expected * w).sum(), list(theirs.parameters())),
+        ):
+            assert_close(g, e, rtol=_rtol(family))
+    if mode == "default":
+        assert calls, "default settings did not pick KeOps at N = 600"
+
+
+# ------------------------------------------------------------------ linear_operator's operator suites
+class _OperatorCase(_InMode):
+    seed = 0
+    n = 5
+    batch_shape = torch.Size()
+    #: the only KeOps formula these suites compile (RQ: a kernel with a tensor parameter)
+    formula = StationaryFormula("rq")
+
+    def setUp(self) -> None:
+        # linear_operator's checks draw right-hand sides in the default dtype: float64 shares the
+        # compiled formulas with the other float64 tests.
+        self._dtype = torch.get_default_dtype()
+        torch.set_default_dtype(F64)
+        super().setUp()
+
+    def tearDown(self) -> None:
+        super().tearDown()
+        torch.set_default_dtype(self._dtype)
+
+    def _points(self, n: int) -> torch.Tensor:
+        # Spread out for a well-conditioned K: the suites solve with it by CG to a loose tolerance.
+        return torch.randn(*self.batch_shape, n, 3) * 3.0
+
+    def _operator(self, x1: torch.Tensor, x2: torch.Tensor) -> LazyKernelOperator:
+        alpha = torch.full((*self.batch_shape, 1, 1), 1.5, requires_grad=True)
+        return LazyKernelOperator(x1.requires_grad_(), x2, covar_func=self.formula, alpha=alpha)
+
+    def evaluate_linear_op(self, linear_op: LazyKernelOperator) -> torch.Tensor:
+        """From the math: (1 + |x - x'|^2 / (2 alpha))^(-alpha)."""
+        x1, x2 = linear_op.x1, linear_op.x2
+        alpha = linear_op.tensor_params["alpha"]
+        q = (x1.unsqueeze(-2) - x2.unsqueeze(-3)).square().sum(-1)
+        return (1 + q / (2 * alpha)) ** (-alpha)
+
+
+class _SquareCase(_OperatorCase, LinearOperatorTestCase):
+    # Compile budget: these draw 256 probe vectors (a 272-column KeOps reduction, compiled for them
+    # alone); the KeOps path of the stochastic log-determinant runs with GPyTorch's own 10 probes
+    # in test_gpytorch_integration.py.
+    torch_engine_tests = frozenset(
+        {"test_inv_quad_logdet", "test_inv_quad_logdet_no_reduce", "test_root_decomposition_cholesky"}
+    )
+
+    def create_linear_op(self) -> LazyKernelOperator:
+        x = self._points(self.n)
+        return self._operator(x, x)
+
+
+class _RectangularCase(_OperatorCase, RectangularLinearOperatorTestCase):
+    def create_linear_op(self) -> LazyKernelOperator:
+        return self._operator(self._points(self.n), self._points(self.n - 2))
+
+
+# KeOps forced: the square operator (every right-hand-side width linear_operator uses compiles a
+# reduction of its own); batch and rectangular operators run lazily on the torch engine. Default
+# settings run at the suites' own small sizes (the dense-cache path): their tolerances assume a
+# small operator (CG to 1e-4 against atol 1e-5, Lanczos root decompositions of full rank): at
+# N = 600 a DenseLinearOperator of the same matrix fails the diagonalization, root decomposition and
+# solve checks exactly as lazykern's operator does (the last two even for a jittered-grid K of
+# condition number 5). KeOps under default settings runs in the kernel checks above (N = 600).
+OPERATOR_CASES = [
+    ("square", _SquareCase, torch.Size(), ("keops", "torch", "default")),
+    ("batch", _SquareCase, torch.Size([2]), ("torch", "default")),
+    ("rectangular", _RectangularCase, torch.Size(), ("torch", "default")),
+]
+for _kind, _base_case, _batch, _modes in OPERATOR_CASES:
+    for _mode in _modes:
+        _name = f"TestLazyKernelOperator_{_kind}_{_mode}"
+        globals()[_name] = type(_name, (_base_case, unittest.TestCase), {"mode": _mode, "batch_shape": _batch})
