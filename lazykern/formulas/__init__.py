@@ -5,6 +5,7 @@ KeOps ``LazyTensor`` objects (symbolic, never stored) and on ``torch.Tensor`` bl
 chunks), because both share torch's operator syntax. Nothing here imports GPyTorch.
 """
 
+from .interactions import GroupFormula, InteractionFormula, elementary_symmetric
 from .stationary import StationaryFormula, PROFILES
 
-__all__ = ["StationaryFormula", "PROFILES"]
+__all__ = ["GroupFormula", "InteractionFormula", "StationaryFormula", "PROFILES", "elementary_symmetric"]

@@ -2,5 +2,15 @@
 
 from .additive_structure import AdditiveStructureKernel
 from .base_kernels import MaternKernel, PeriodicKernel, RBFKernel, RQKernel
+from .interactions import GroupAdditiveKernel, NewtonGirardAdditiveKernel, OrthogonalAdditiveKernel
 
-__all__ = ["AdditiveStructureKernel", "MaternKernel", "PeriodicKernel", "RBFKernel", "RQKernel"]
+__all__ = [
+    "AdditiveStructureKernel",
+    "GroupAdditiveKernel",
+    "MaternKernel",
+    "NewtonGirardAdditiveKernel",
+    "OrthogonalAdditiveKernel",
+    "PeriodicKernel",
+    "RBFKernel",
+    "RQKernel",
+]
