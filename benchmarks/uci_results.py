@@ -68,16 +68,19 @@ def worker(job: dict) -> dict:
                           iters=job["iters"], optimizer=job["optimizer"], tolerance=job["tolerance"],
                           y_scale=data.y_std, max_cholesky_size=job["max_cholesky"], progress=False)
     record = result.to_dict()
-    record.update({k: job[k] for k in ("dataset", "split", "seed", "max_degree", "optimizer", "tolerance",
-                                        "max_cholesky", "full")})
+    record.update({k: job[k] for k in ("dataset", "split", "seed", "optimizer", "tolerance", "max_cholesky", "full")})
+    record["requested_max_degree"] = job["max_degree"]
     record["n_train"] = data.n_train
     record["requested_n_train"] = job["n_train"]
     return record
 
 
-def run_one(job: dict) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+def run_one(job: dict, timeout: float) -> dict:
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {**job, "error": f"did not finish within {timeout:.0f} s"}
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout).strip().splitlines()
         return {**job, "error": lines[-1] if lines else f"exit status {proc.returncode}"}
@@ -85,8 +88,9 @@ def run_one(job: dict) -> dict:
 
 
 def key(record: dict) -> tuple:
+    renamed = {"n_train": "requested_n_train", "max_degree": "requested_max_degree"}
     return (record["dataset"], record["kernel"], record["split"], record["full"],
-            *(record.get(k if k != "n_train" else "requested_n_train", record.get(k)) for k in SETTINGS))
+            *(record.get(renamed.get(k, k), record.get(k)) for k in SETTINGS))
 
 
 def load_records() -> list[dict]:
@@ -268,6 +272,7 @@ def main() -> None:
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument("--max-degree", type=int, default=None)
     parser.add_argument("--max-cholesky", type=int, default=2000)
+    parser.add_argument("--timeout", type=float, default=6 * 3600, help="seconds per run (default 6 h)")
     parser.add_argument("--force", action="store_true", help="repeat runs already recorded")
     parser.add_argument("--render-only", action="store_true", help="only rewrite the tables from the records")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -298,11 +303,11 @@ def main() -> None:
                        "n_train": None if args.full else N_TRAIN.get(dataset, args.n_train), "iters": args.iters,
                        "optimizer": args.optimizer, "tolerance": args.tolerance, "max_degree": args.max_degree,
                        "max_cholesky": args.max_cholesky, "full": args.full}
-                probe = {**job, "requested_n_train": job["n_train"]}
+                probe = {**job, "requested_n_train": job["n_train"], "requested_max_degree": job["max_degree"]}
                 if key(probe) in done and not args.force:
                     continue
                 print(f"{dataset} split {split} / {kernel}{' (full)' if args.full else ''} ...", flush=True)
-                record = run_one(job)
+                record = run_one(job, args.timeout)
                 with RECORDS.open("a") as f:
                     f.write(json.dumps(record) + "\n")
                 records.append(record)

@@ -120,7 +120,7 @@ def _first_order(kernel: Kernel, outer: Tensor | float, x: Tensor):
         # (*, 1, D) per-dimension parameters become a batch of D; shared ones broadcast.
         params = {n: p.reshape(-1, 1, 1) if p.shape[-1] == d else p.reshape(1, 1, -1) for n, p in params.items()}
     if isinstance(kernel, NewtonGirardAdditiveKernel):
-        weight = kernel.outputscale[..., 0] / d * kernel.component_scales.reshape(-1)
+        weight = kernel.outputscale[..., 0] / d * kernel.term_scales().reshape(-1)
     else:
         weight = kernel.component_scales.reshape(-1)
     weight = (outer * weight).reshape(d, 1, 1)
@@ -201,7 +201,7 @@ def _shares(model, kernel, outer, formula, x, x_dims, params, alpha):
     if isinstance(kernel, NewtonGirardAdditiveKernel):
         r = kernel.max_degree
         x_, _, base_params = kernel._inputs(x, x)
-        order_params = {**base_params, "scales": kernel.component_scales,
+        order_params = {**base_params, "scales": kernel.term_scales(),
                         "order_variances": (outer * torch.diag_embed(kernel.outputscale)).reshape(r, 1, r)}
         by_order = backend.pairwise_matmul(kernel.formula, x_, x_, order_params, alpha.unsqueeze(-1))  # (R, N, 1)
         order_var = by_order.squeeze(-1).var(-1)
@@ -217,7 +217,7 @@ def _sobol(kernel: OrthogonalAdditiveKernel, outer, x: Tensor, alpha: Tensor):
     formula = InteractionFormula(StationaryFormula("rbf"), r, kind="orthogonal-l2")
     binom = torch.tensor([math.comb(d, k) for k in range(1, r + 1)], dtype=x.dtype, device=x.device)
     lam = ((outer * kernel.outputscale) ** 2 / binom).reshape(1, r)
-    squared_scales = (kernel.component_scales**2).reshape(1, d)
+    squared_scales = (kernel.term_scales() ** 2).reshape(1, d)
 
     def weighted(lam_: Tensor) -> tuple[Tensor, Tensor]:
         lam_ = lam_.clone().requires_grad_(True)

@@ -86,9 +86,12 @@ KERNELS: tuple[str, ...] = (
 DEFAULT_KERNEL = "additive-ng"
 """The kernel :func:`fit_evaluate` uses unless told otherwise (see the UCI results page for why)."""
 
-DEFAULT_MAX_DEGREE = 4
-"""Highest interaction order of ``additive-ng`` and ``oak`` unless ``max_degree`` says otherwise
-(capped at the number of dimensions)."""
+DEFAULT_MAX_DEGREE: int | None = None
+"""Highest interaction order of ``additive-ng`` and ``oak`` unless ``max_degree`` says otherwise;
+``None``: every order up to the number of dimensions d (Duvenaud et al.'s model, and GPyTorch's
+default), so that ``additive-ng`` contains the ARD kernel as its top order. Measured on kin40k
+(1,000 points, d = 8): orders 1..4 end at a training loss of 0.84 (test RMSE 0.42), all 8 orders at
+0.55. Costs D R multiply-adds per pair, against D exponentials for an ARD kernel."""
 
 INITIAL_NOISE = 0.01
 """Noise variance at the start of training (standardized targets: 1% of their variance). Measured on
@@ -117,7 +120,7 @@ def make_kernel(name: str, num_dims: int, max_degree: int | None = None) -> Kern
         name: one of :data:`KERNELS`.
         num_dims: number of input dimensions d.
         max_degree: highest interaction order R of ``additive-ng`` and ``oak`` (default
-            :data:`DEFAULT_MAX_DEGREE`, capped at d); must be ``None`` for the other kernels.
+            :data:`DEFAULT_MAX_DEGREE`: all orders); must be ``None`` for the other kernels.
 
     Example:
         >>> from lazykern.regression import make_kernel
@@ -125,12 +128,17 @@ def make_kernel(name: str, num_dims: int, max_degree: int | None = None) -> Kern
         'AdditiveStructureKernel'
         >>> make_kernel("oak", 26, max_degree=2).outputscale.shape
         torch.Size([2])
+        >>> make_kernel("additive-ng", 8).max_degree   # all orders by default
+        8
     """
     check_positive_int("num_dims", num_dims)
     if name not in KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(KERNELS)}; got {name!r}")
     if name in ("additive-ng", "oak"):
-        degree = min(DEFAULT_MAX_DEGREE, num_dims) if max_degree is None else max_degree
+        if max_degree is None:
+            degree = num_dims if DEFAULT_MAX_DEGREE is None else min(DEFAULT_MAX_DEGREE, num_dims)
+        else:
+            degree = max_degree
         if name == "oak":
             return lazy_kernels.OrthogonalAdditiveKernel(num_dims, degree)
         return lazy_kernels.NewtonGirardAdditiveKernel(lazy_kernels.RBFKernel(ard_num_dims=num_dims), num_dims, degree)

@@ -43,9 +43,10 @@ def orders(z: Tensor, order_variances: Tensor, scales: Tensor | None, max_degree
 
 
 def orthogonal_rbf(x1: Tensor, x2: Tensor, lengthscale: Tensor, mean: Tensor, std: Tensor, *, diag: bool = False,
-                   nodes: int = 200) -> Tensor:
+                   normalized: bool = False, nodes: int = 200) -> Tensor:
     """k(x, y) - m(x) m(y) / v per dimension for the RBF kernel and N(mean, std^2), with
-    m(x) = int k(x, t) p(t) dt and v = int int k(s, t) p(s) p(t) ds dt by Gauss–Hermite quadrature.
+    m(x) = int k(x, t) p(t) dt and v = int int k(s, t) p(s) p(t) ds dt by Gauss–Hermite quadrature;
+    ``normalized``: divided by its average variance int (k(x, x) - m(x)^2 / v) p(x) dx.
     Arguments are non-batch: ``x1`` ``(N, D)``, the rest ``(1, D)``. Returns ``(N, M, D)`` or ``(N, D)``."""
     t, w = np.polynomial.hermite.hermgauss(nodes)
     t = torch.tensor(t, dtype=x1.dtype)
@@ -59,7 +60,11 @@ def orthogonal_rbf(x1: Tensor, x2: Tensor, lengthscale: Tensor, mean: Tensor, st
         m1 = (rbf(x1[:, d : d + 1], points) * w).sum(-1)
         m2 = (rbf(x2[:, d : d + 1], points) * w).sum(-1)
         v = (rbf(points[:, None], points[None]) * w[:, None] * w[None]).sum()
-        out.append(k[..., d] - (m1 * m2 if diag else m1[:, None] * m2[None]) / v)
+        term = k[..., d] - (m1 * m2 if diag else m1[:, None] * m2[None]) / v
+        if normalized:
+            m_nodes = (rbf(points[:, None], points[None]) * w).sum(-1)  # m at the nodes
+            term = term / (1 - (w * m_nodes**2).sum() / v)
+        out.append(term)
     return torch.stack(out, -1)
 
 

@@ -107,6 +107,10 @@ def test_sobol_indices_match_their_definition():
         points[:, k] = nodes
         kt = ref.orthogonal_rbf(points, x, kernel.base_kernel.lengthscale, kernel.measure_mean, kernel.measure_std)
         C[..., k] = torch.einsum("t,ta,tb->ab", w / math.sqrt(math.pi), kt[..., k], kt[..., k])
+        # The kernel's terms are divided by their average variance under the measure.
+        z = ref.orthogonal_rbf(points, points, kernel.base_kernel.lengthscale, kernel.measure_mean,
+                               kernel.measure_std, diag=True)[:, k]
+        C[..., k] /= (float((w / math.sqrt(math.pi)) @ z)) ** 2
     import itertools
 
     norms = {}

@@ -62,7 +62,7 @@ def reference_of(kernel, x1, x2, diag=False):
                          diag=diag)
     if isinstance(kernel, lazykern.kernels.OrthogonalAdditiveKernel):
         z = ref.orthogonal_rbf(x1, x2, kernel.base_kernel.lengthscale, kernel.measure_mean, kernel.measure_std,
-                               diag=diag)
+                               diag=diag, normalized=True)
         scales = None
     else:
         base = kernel.base_kernel

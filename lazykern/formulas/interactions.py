@@ -49,6 +49,7 @@ __all__ = [
     "elementary_symmetric",
     "orthogonal_rbf_features",
     "orthogonal_rbf_terms",
+    "orthogonal_rbf_variance",
     "orthogonal_rbf_l2_features",
     "orthogonal_rbf_l2_terms",
     "InteractionFormula",
@@ -185,6 +186,23 @@ def orthogonal_rbf_features(
     c = 1 / (1 + beta)
     log_rho = 0.5 * torch.log1p(2 * beta) + torch.log(c)
     return torch.cat([u, torch.exp(0.5 * log_rho - 0.5 * c * u * u)], -1)
+
+
+def orthogonal_rbf_variance(
+    lengthscale: torch.Tensor, measure_std: torch.Tensor
+) -> torch.Tensor:
+    r"""Average variance :math:`\bar v = \int \tilde k(x, x)\, p(x)\, dx = 1 - \rho / \sqrt{1 + 2 c \beta}`
+    of the orthogonalized RBF term under its measure (:math:`c, \rho, \beta` as in
+    :func:`orthogonal_rbf_features`): the smoother the term, the more of it the constant took.
+
+    Example:
+        >>> v = orthogonal_rbf_variance(torch.tensor([1.0]), torch.tensor([1.0]))
+        >>> round(v.item(), 4)   # 1 - (sqrt(3) / 2) / sqrt(2)
+        0.3876
+    """
+    beta = (measure_std / lengthscale) ** 2
+    c = 1 / (1 + beta)
+    return 1 - torch.exp(0.5 * torch.log1p(2 * beta) + torch.log(c) - 0.5 * torch.log1p(2 * c * beta))
 
 
 def _halves(x: Any) -> tuple[Any, Any]:

@@ -10,7 +10,12 @@ from gpytorch.kernels import Kernel
 from gpytorch.priors import Prior
 from torch import Tensor
 
-from ..formulas.interactions import GroupFormula, InteractionFormula, orthogonal_rbf_features
+from ..formulas.interactions import (
+    GroupFormula,
+    InteractionFormula,
+    orthogonal_rbf_features,
+    orthogonal_rbf_variance,
+)
 from ..formulas.stationary import StationaryFormula
 from ..operators import LazyKernelOperator
 from ..validation import check_kernel_inputs, check_positive_int
@@ -123,9 +128,13 @@ class NewtonGirardAdditiveKernel(AdditiveStructureKernel):
         self.initialize(raw_outputscale=self.raw_outputscale_constraint.inverse_transform(value))
 
     def _inputs(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """Transformed inputs and the tensor parameters of :attr:`formula`."""
+        """Transformed inputs and the tensor parameters of :attr:`formula` but the scales and variances."""
         x1_, x2_, params = formula_inputs(self.base_kernel, x1, x2)
         return x1_, x2_, params
+
+    def term_scales(self) -> Tensor:
+        """The factors :math:`s_d` applied to the per-dimension terms, ``(*batch_shape, 1, num_dims)``."""
+        return self.component_scales
 
     def forward(
         self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params
@@ -133,7 +142,7 @@ class NewtonGirardAdditiveKernel(AdditiveStructureKernel):
         check_no_last_dim_is_batch(self, last_dim_is_batch)
         check_kernel_inputs(x1, x2, num_dims=self.num_dims, num_dims_name="num_dims", dtype=self._dtype())
         x1_, x2_, tensor_params = self._inputs(x1, x2)
-        tensor_params["scales"] = self.component_scales
+        tensor_params["scales"] = self.term_scales()
         tensor_params["order_variances"] = self.outputscale.unsqueeze(-2)
         op = LazyKernelOperator(x1_, x2_, covar_func=self.formula, **tensor_params)
         return op.diagonal(dim1=-2, dim2=-1) if diag else op
@@ -153,9 +162,19 @@ class OrthogonalAdditiveKernel(NewtonGirardAdditiveKernel):
           - \frac{\ell_d \sqrt{\ell_d^2 + 2\delta_d^2}}{\ell_d^2 + \delta_d^2}
             \exp\Big(-\frac{(x - \mu_d)^2 + (y - \mu_d)^2}{2 (\ell_d^2 + \delta_d^2)}\Big),
 
-    so every function drawn from :math:`\tilde k_d` integrates to zero under :math:`p_d`, and the
-    orders are combined as in :class:`NewtonGirardAdditiveKernel`:
-    :math:`k(x, x') = \sum_{r=1}^R \sigma_r^2\, \tilde e_r(s \odot \tilde k(x, x'))`. Components of
+    so every function drawn from :math:`\tilde k_d` integrates to zero under :math:`p_d`. Each term
+    is divided by its average variance :math:`\bar v_d = \int \tilde k_d(x, x)\, p_d(x)\, dx`
+    (:func:`lazykern.formulas.interactions.orthogonal_rbf_variance`: a smooth term loses most of its
+    variance to the removed constant), and the orders are combined as in
+    :class:`NewtonGirardAdditiveKernel`:
+
+    .. math::
+
+        k(x, x') = \sum_{r=1}^R \sigma_r^2\, \tilde e_r\big(s_1 \tilde k_1 / \bar v_1, \dots,
+        s_D \tilde k_D / \bar v_D\big),
+
+    so that :math:`\sigma_r^2` is the prior variance of order r averaged over the input measure
+    (for unit :math:`s`), whatever the lengthscales. Components of
     different subsets of dimensions are then orthogonal under :math:`p = \prod_d p_d`, which makes
     them identifiable and gives closed-form Sobol indices
     (:func:`lazykern.components.component_analysis`). The constant (order 0) is left to the GP's
@@ -226,6 +245,9 @@ class OrthogonalAdditiveKernel(NewtonGirardAdditiveKernel):
 
     def _make_formula(self) -> InteractionFormula:
         return InteractionFormula(StationaryFormula("rbf"), self.max_degree, kind="orthogonal")
+
+    def term_scales(self) -> Tensor:
+        return self.component_scales / orthogonal_rbf_variance(self.base_kernel.lengthscale, self.measure_std)
 
     def _inputs(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         features = lambda x: orthogonal_rbf_features(  # noqa: E731
