@@ -99,6 +99,8 @@ pumadyn32nm (1,500 points, ARD RBF, L-BFGS): from GPyTorch's default 0.69, or fr
 converges to the mean predictor (outputscale 1e-5, noise 1.0); from 0.01 it finds the fit."""
 
 OPTIMIZERS: tuple[str, ...] = ("auto", "lbfgs", "adam")
+_ADAM_WINDOW = 10
+_ADAM_HALVINGS = 4
 """Optimizers of :func:`train`; ``auto`` is L-BFGS on the exact (Cholesky) path, Adam on the CG path."""
 
 
@@ -280,10 +282,12 @@ def train(
     * ``"lbfgs"``: L-BFGS (history 10) with a strong-Wolfe line search, at most ``iters``
       iterations and ``2 iters`` loss evaluations; stops when the loss changes by less than
       ``tolerance`` between iterations. The losses returned are those of every evaluation.
-    * ``"adam"``: Adam, the learning rate halved whenever the loss has not improved by
-      ``tolerance`` for 5 steps; stops once it has been halved 4 times.
+    * ``"adam"``: Adam; whenever the loss improved by less than ``tolerance`` per step over the
+      last 10 steps, the learning rate is halved; stops at the fifth such plateau.
     * ``"auto"``: L-BFGS when the likelihood is exact, Adam when it is stochastic (a line search
-      needs a deterministic objective).
+      needs a deterministic objective). Measured on a 4-dimensional toy problem (120 points,
+      float64): L-BFGS converged in 35 loss evaluations to -0.617; Adam at lr 0.1 was at -0.553
+      after 2,000 steps and still improving (``benchmarks/recipe.py`` measures both on UCI data).
 
     Args:
         model: an exact GP holding its training data.
@@ -340,20 +344,23 @@ def train(
             opt.step(closure)
         else:
             opt = torch.optim.Adam(parameters, lr=0.1 if lr is None else lr)
-            schedule = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=5, threshold=tolerance,
-                                                                  threshold_mode="abs")
-            floor = opt.param_groups[0]["lr"] / 2**4
-            for _ in range(iters):
+            halvings, since = 0, 0
+            for step in range(iters):
                 opt.zero_grad()
                 loss = objective()
                 loss.backward()
                 opt.step()
                 losses.append(loss.item())
-                schedule.step(losses[-1])
                 bar.update()
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
-                if opt.param_groups[0]["lr"] < floor * 1.01:
-                    break
+                # Plateau: the loss improved by less than `tolerance` per step over the last window
+                # (a window, because the stochastic CG loss is noisy from step to step).
+                if step - since >= _ADAM_WINDOW and losses[-_ADAM_WINDOW - 1] - losses[-1] < tolerance * _ADAM_WINDOW:
+                    if halvings == _ADAM_HALVINGS:
+                        break
+                    halvings, since = halvings + 1, step
+                    for group in opt.param_groups:
+                        group["lr"] /= 2
     return losses
 
 
