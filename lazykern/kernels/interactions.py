@@ -68,9 +68,8 @@ class NewtonGirardAdditiveKernel(AdditiveStructureKernel):
         outputscale_constraint: constraint on :math:`\sigma_r^2` (default ``Positive()``).
         outputscale_prior: optional prior on :math:`\sigma_r^2`.
 
-    Attributes:
-        outputscale: :math:`\sigma_1^2, \dots, \sigma_R^2`, shape ``(*batch_shape, max_degree)``,
-            initialized to :math:`1/R` each (so :math:`k(x, x) = 1`).
+    The order variances :math:`\sigma_1^2, \dots, \sigma_R^2` are :attr:`outputscale`, shape
+    ``(*batch_shape, max_degree)``, initialized to :math:`1/R` each (so that :math:`k(x, x) = 1`).
 
     Example:
         >>> import torch, lazykern
@@ -129,8 +128,7 @@ class NewtonGirardAdditiveKernel(AdditiveStructureKernel):
 
     def _inputs(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """Transformed inputs and the tensor parameters of :attr:`formula` but the scales and variances."""
-        x1_, x2_, params = formula_inputs(self.base_kernel, x1, x2)
-        return x1_, x2_, params
+        return formula_inputs(self.base_kernel, x1, x2)
 
     def term_scales(self) -> Tensor:
         """The factors :math:`s_d` applied to the per-dimension terms, ``(*batch_shape, 1, num_dims)``."""
