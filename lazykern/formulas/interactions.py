@@ -24,9 +24,21 @@ and :math:`v = \iint k\, p\, p` (Lu, Boukouvalas & Hensman, 2022). In coordinate
     \tilde k(u, u') = e^{-(u - u')^2 / 2} - \rho\, e^{-c (u^2 + u'^2) / 2}, \qquad
     c = \frac 1{1 + \beta}, \quad \rho = \frac{\sqrt{1 + 2\beta}}{1 + \beta}.
 
-The second term factorizes, :math:`a(u)\, a(u')` with :math:`a(u) = \sqrt\rho\, e^{-c u^2 / 2}`,
-so it is computed once per point (:func:`orthogonal_rbf_features`) and the pairwise expression
-only multiplies.
+Both terms are close to 1 where the kernel is smooth (:math:`\beta \ll 1`: long lengthscales,
+where the orthogonal term, divided by its average variance, tends to the linear kernel
+:math:`(x - \mu)(x' - \mu) / \delta^2`), so their difference cancels: in float32 it is accurate to
+:math:`8 \cdot 10^{-6}` at :math:`\ell = 10 \delta` and :math:`5 \cdot 10^{-4}` at
+:math:`\ell = 180 \delta` (a lengthscale training reached on a linear effect). lazykern evaluates
+it without cancellation, to :math:`3 \cdot 10^{-7}` at any lengthscale (measured up to
+:math:`10^4 \delta`), as
+
+.. math::
+
+    \tilde k(u, u') = a(u)\, a(u')\, \operatorname{expm1}\big(u u' - g(u) - g(u')\big), \qquad
+    a(u) = \sqrt\rho\, e^{-c u^2 / 2}, \quad g(u) = \tfrac12 \beta c\, u^2 + \tfrac12 \log\rho,
+
+from per-point features (:func:`orthogonal_rbf_features`), with :math:`\log \rho` from ``log1p``
+(it is :math:`-\beta^2/2 + O(\beta^3)`).
 
 **Groups.** :math:`k(x, x') = \sum_g s_g\, k(x_{G_g}, x'_{G_g})` for given (possibly overlapping)
 sets of dimensions :math:`G_g`: one stationary profile applied to each group's summed terms.
@@ -160,17 +172,38 @@ class _ElementarySymmetric(torch.autograd.Function):
         return grad_z.reshape(ctx.shape), None
 
 
+def _expm1(x: Any) -> Any:
+    if _is_lazy(x):
+        from .keops_nodes import EXPM1, register
+
+        register()
+        return x.unary(EXPM1)
+    return torch.expm1(x)
+
+
+def _split(x: Any, parts: int) -> list[Any]:
+    """The trailing axis cut into ``parts`` equal slices (per-point features, one block per kind)."""
+    if _is_lazy(x):
+        d = x.ndim // parts
+        return [x.extract(k * d, d) for k in range(parts)]
+    return list(x.chunk(parts, dim=-1))
+
+
+def _measure_constants(lengthscale: torch.Tensor, measure_std: torch.Tensor):
+    """:math:`\beta, c` and :math:`\log\rho` (from ``log1p``: no cancellation for small :math:`\beta`)."""
+    beta = (measure_std / lengthscale) ** 2
+    return beta, 1 / (1 + beta), 0.5 * torch.log1p(2 * beta) - torch.log1p(beta)
+
+
 def orthogonal_rbf_features(
     x: torch.Tensor, lengthscale: torch.Tensor, measure_mean: torch.Tensor, measure_std: torch.Tensor
 ) -> torch.Tensor:
-    r"""Per-point inputs of the orthogonalized RBF terms: ``(..., N, 2D)``, :math:`[u, a(u)]`.
+    r"""Per-point inputs of the orthogonalized RBF terms: ``(..., N, 3D)``, :math:`[u, g(u), a(u)]`.
 
-    :math:`u = (x - \mu) / \ell` and :math:`a(u) = \sqrt\rho\, e^{-c u^2 / 2}`, so that the
-    subtracted term :math:`\rho\, e^{-c (u^2 + u'^2) / 2} = a(u)\, a(u')` is a product of per-point
-    features (computed once per point, differentiable in :math:`\ell` by torch) and the pairwise
-    expression only evaluates :math:`e^{-(u - u')^2 / 2} - a(u)\, a(u')`
-    (:func:`orthogonal_rbf_terms`). Here :math:`c = 1 / (1 + \beta)`,
-    :math:`\rho = \sqrt{1 + 2\beta} / (1 + \beta)` and :math:`\beta = \delta^2 / \ell^2`.
+    :math:`u = (x - \mu) / \ell`, :math:`g(u) = \frac12 \beta c u^2 + \frac12 \log\rho` and
+    :math:`a(u) = \sqrt\rho\, e^{-c u^2 / 2}`, with :math:`c = 1 / (1 + \beta)`,
+    :math:`\rho = \sqrt{1 + 2\beta} / (1 + \beta)`, :math:`\beta = \delta^2 / \ell^2` (see the module
+    docstring); computed once per point, differentiable in :math:`\ell` by torch.
 
     Args:
         x: ``(..., N, D)`` inputs.
@@ -178,95 +211,80 @@ def orthogonal_rbf_features(
 
     Example:
         >>> f = orthogonal_rbf_features(torch.zeros(1, 1), torch.ones(1), torch.zeros(1), torch.ones(1))
-        >>> f  # u = 0, a(0) = sqrt(rho) = (3 / 4) ** 0.25
-        tensor([[0.0000, 0.9306]])
+        >>> f  # u = 0, g(0) = log(rho) / 2, a(0) = sqrt(rho), rho = sqrt(3) / 2
+        tensor([[ 0.0000, -0.0719,  0.9306]])
     """
+    beta, c, log_rho = _measure_constants(lengthscale, measure_std)
     u = (x - measure_mean) / lengthscale
-    beta = (measure_std / lengthscale) ** 2
-    c = 1 / (1 + beta)
-    log_rho = 0.5 * torch.log1p(2 * beta) + torch.log(c)
-    return torch.cat([u, torch.exp(0.5 * log_rho - 0.5 * c * u * u)], -1)
+    square = u * u
+    return torch.cat([u, 0.5 * (beta * c * square + log_rho), torch.exp(0.5 * (log_rho - c * square))], -1)
 
 
-def orthogonal_rbf_variance(
-    lengthscale: torch.Tensor, measure_std: torch.Tensor
-) -> torch.Tensor:
+def orthogonal_rbf_terms(x1: Any, x2: Any) -> Any:
+    r"""Per-dimension values :math:`\tilde k(u_d, u'_d) = a_d a'_d\, \operatorname{expm1}(u_d u'_d - g_d - g'_d)`
+    of the RBF kernel made orthogonal to a Gaussian input measure, from the features of
+    :func:`orthogonal_rbf_features` (trailing axis 3D)."""
+    (u1, g1, a1), (u2, g2, a2) = _split(x1, 3), _split(x2, 3)
+    return a1 * a2 * _expm1(u1 * u2 - g1 - g2)
+
+
+def orthogonal_rbf_variance(lengthscale: torch.Tensor, measure_std: torch.Tensor) -> torch.Tensor:
     r"""Average variance :math:`\bar v = \int \tilde k(x, x)\, p(x)\, dx = 1 - \rho / \sqrt{1 + 2 c \beta}`
     of the orthogonalized RBF term under its measure (:math:`c, \rho, \beta` as in
-    :func:`orthogonal_rbf_features`): the smoother the term, the more of it the constant took.
+    :func:`orthogonal_rbf_features`; by ``expm1``): the smoother the term, the more of it the
+    constant took.
 
     Example:
         >>> v = orthogonal_rbf_variance(torch.tensor([1.0]), torch.tensor([1.0]))
         >>> round(v.item(), 4)   # 1 - (sqrt(3) / 2) / sqrt(2)
         0.3876
     """
-    beta = (measure_std / lengthscale) ** 2
-    c = 1 / (1 + beta)
-    return 1 - torch.exp(0.5 * torch.log1p(2 * beta) + torch.log(c) - 0.5 * torch.log1p(2 * c * beta))
-
-
-def _halves(x: Any) -> tuple[Any, Any]:
-    if _is_lazy(x):
-        d = x.ndim // 2
-        return x.extract(0, d), x.extract(d, d)
-    d = x.shape[-1] // 2
-    return x[..., :d], x[..., d:]
-
-
-def orthogonal_rbf_terms(x1: Any, x2: Any) -> Any:
-    r"""Per-dimension values :math:`\tilde k(u_d, u'_d) = e^{-(u_d - u'_d)^2 / 2} - a_d(u)\, a_d(u')`
-    of the RBF kernel made orthogonal to a Gaussian input measure, from the features of
-    :func:`orthogonal_rbf_features` (trailing axis 2D)."""
-    (u1, a1), (u2, a2) = _halves(x1), _halves(x2)
-    diff = u1 - u2
-    return (-0.5 * diff * diff).exp() - a1 * a2
+    beta, c, log_rho = _measure_constants(lengthscale, measure_std)
+    return -torch.expm1(log_rho - 0.5 * torch.log1p(2 * c * beta))
 
 
 def orthogonal_rbf_l2_features(
     x: torch.Tensor, lengthscale: torch.Tensor, measure_mean: torch.Tensor, measure_std: torch.Tensor
 ) -> torch.Tensor:
-    r"""Per-point inputs of :func:`orthogonal_rbf_l2_terms`: ``(..., N, 6D)``.
+    r"""Per-point inputs of :func:`orthogonal_rbf_l2_terms`: ``(..., N, 5D)``.
 
     The :math:`L^2(p)` inner product of two orthogonalized RBF functions,
-    :math:`C(a, b) = \int \tilde k(t, a)\, \tilde k(t, b)\, p(t)\, dt`, is a Gaussian integral. In
-    :math:`u` coordinates (:math:`p = \mathcal N(0, \beta)`, :math:`\tilde k(t, a) = e^{-(t - a)^2/2} - A(t) A(a)`,
-    :math:`A(u) = \sqrt\rho\, e^{-c u^2 / 2}`):
+    :math:`C(a, b) = \int \tilde k(t, a)\, \tilde k(t, b)\, p(t)\, dt`, is a sum of four Gaussian
+    integrals, :math:`I_{AA} - I_{AB} - I_{BA} + I_{BB}`, one per product of the two exponentials of
+    :math:`\tilde k(t, a) = e^{A(t, a)} - e^{B(t, a)}` (:math:`p = \mathcal N(0, \beta)` in
+    :math:`u` coordinates). Each is close to the others where the terms are smooth, and their
+    alternating sum is of order :math:`\beta^2`; written relative to :math:`I_{BB}`,
 
     .. math::
 
-        C(a, b) = \frac{e^{-(a - b)^2 / 4 - (a + b)^2 / (4 (1 + 2\beta))}}{\sqrt{1 + 2\beta}}
-                  - A(a) J(b) - A(b) J(a) + A(a) A(b) V,
+        C(a, b) = w(a)\, w(b) \Big[\operatorname{expm1} X(a)\, \operatorname{expm1} X(b)
+                  + e^{X(a) + X(b)} \operatorname{expm1} Z(a, b)\Big],
 
-    with :math:`J(a) = \int e^{-(t - a)^2/2} A(t) p(t) dt
-    = \sqrt{\rho / (1 + (1 + c)\beta)}\; e^{\beta a^2 / (2 (1 + (1 + c)\beta)) - a^2 / 2}` and
-    :math:`V = \int A^2 p = \rho / \sqrt{1 + 2 c \beta}`. Every factor but the first exponential's
-    argument is per point: the features are :math:`[u,\ u / \sqrt{1 + 2\beta},\ -\tfrac14 \log(1 + 2\beta),\ A,\ J,\ A \sqrt V]`.
+    with :math:`w(a) = \rho\, (1 + 2c\beta)^{-1/4} e^{-c a^2 / 2}` (so :math:`I_{BB} = w(a) w(b)`),
+    :math:`X(a) = \log(I_{AB} / I_{BB}) = \kappa - \frac{c^2 \beta^2 a^2}{2 s}`,
+    :math:`Z(a, b) = \log \frac{I_{AA} I_{BB}}{I_{AB} I_{BA}} = (q a)(q b) + z(a) + z(b)`, where
+    :math:`s = 1 + (1 + c)\beta`, :math:`q = \sqrt{\beta / (1 + 2\beta)}`,
+    :math:`\kappa = \frac12 \log(1 + 2c\beta) - \frac12 \log s - \log\rho`,
+    :math:`z(a) = \frac12 [\log s - \frac12 \log(1 + 2\beta) - \frac12 \log(1 + 2c\beta)]
+    - \frac{c \beta^3 a^2}{2 (1 + 2\beta) s}`. Every small quantity is computed directly (``log1p``,
+    ``expm1``): no cancellation. The features are :math:`[w, \operatorname{expm1} X, e^X, q a, z]`.
     """
+    beta, c, log_rho = _measure_constants(lengthscale, measure_std)
     u = (x - measure_mean) / lengthscale
-    beta = (measure_std / lengthscale) ** 2
-    c = 1 / (1 + beta)
-    log_rho = 0.5 * torch.log1p(2 * beta) + torch.log(c)
-    a = torch.exp(0.5 * log_rho - 0.5 * c * u * u)
-    spread = 1 + (1 + c) * beta
-    j = torch.exp(0.5 * log_rho - 0.5 * torch.log(spread) + beta * u * u / (2 * spread) - 0.5 * u * u)
-    log_v = log_rho - 0.5 * torch.log1p(2 * c * beta)
-    return torch.cat([u, u * torch.rsqrt(1 + 2 * beta), (-0.25 * torch.log1p(2 * beta)).expand_as(u), a, j,
-                      a * torch.exp(0.5 * log_v)], -1)
-
-
-def _sixths(x: Any) -> list[Any]:
-    if _is_lazy(x):
-        d = x.ndim // 6
-        return [x.extract(k * d, d) for k in range(6)]
-    return list(x.chunk(6, dim=-1))
+    square = u * u
+    log_s, log_2b, log_2cb = torch.log1p((1 + c) * beta), torch.log1p(2 * beta), torch.log1p(2 * c * beta)
+    w = torch.exp(log_rho - 0.25 * log_2cb - 0.5 * c * square)
+    big_x = 0.5 * log_2cb - 0.5 * log_s - log_rho - c * c * beta * beta * square / (2 * torch.exp(log_s))
+    z = 0.5 * (log_s - 0.5 * log_2b - 0.5 * log_2cb) - c * beta**3 * square / (2 * (1 + 2 * beta) * torch.exp(log_s))
+    q = torch.sqrt(beta / (1 + 2 * beta))
+    return torch.cat([w, torch.expm1(big_x), torch.exp(big_x), q * u, z], -1)
 
 
 def orthogonal_rbf_l2_terms(x1: Any, x2: Any) -> Any:
     """Per-dimension :math:`C_d(a_d, b_d)` from the features of :func:`orthogonal_rbf_l2_features`."""
-    u1, v1, g1, a1, j1, w1 = _sixths(x1)
-    u2, v2, g2, a2, j2, w2 = _sixths(x2)
-    diff, total = u1 - u2, v1 + v2
-    return (g1 + g2 - 0.25 * (diff * diff + total * total)).exp() - a1 * j2 - a2 * j1 + w1 * w2
+    w1, m1, e1, q1, z1 = _split(x1, 5)
+    w2, m2, e2, q2, z2 = _split(x2, 5)
+    return w1 * w2 * (m1 * m2 + e1 * e2 * _expm1(q1 * q2 + z1 + z2))
 
 
 @dataclass(frozen=True)
@@ -282,9 +300,9 @@ class InteractionFormula:
     * ``"base"``: the one-dimensional ``base`` kernel (inputs pre-divided by their lengthscales,
       as for :class:`~lazykern.formulas.StationaryFormula`);
     * ``"orthogonal"``: the orthogonalized RBF term (OAK) :func:`orthogonal_rbf_terms` (inputs: the
-      2D features of :func:`orthogonal_rbf_features`);
+      3D features of :func:`orthogonal_rbf_features`);
     * ``"orthogonal-l2"``: the :math:`L^2(p)` inner products of orthogonalized RBF terms,
-      :func:`orthogonal_rbf_l2_terms` (inputs: the 6D features of
+      :func:`orthogonal_rbf_l2_terms` (inputs: the 5D features of
       :func:`orthogonal_rbf_l2_features`), from which the Sobol indices of an OAK model follow.
 
     Args:

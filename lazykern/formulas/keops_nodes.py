@@ -4,12 +4,14 @@ KeOps writes a formula as a *tree*: an expression used twice is written, and eva
 recursion such as the one that turns per-dimension kernel values into elementary symmetric
 polynomials (each step reads the previous state twice) would double in size with every step. The
 nodes here run such recursions as plain loops in the generated C++ code, so a formula stays small
-whatever the number of dimensions and interaction orders, and costs O(D R) per pair.
+whatever the number of dimensions and interaction orders, and costs O(D R) per pair. One more node,
+:class:`Expm1`, gives the orthogonalized kernels a difference of exponentials without cancellation.
 
 :func:`register` makes the nodes known to keopscore (the namespace in which KeOps evaluates formula
 strings); :mod:`lazykern.formulas.interactions` calls it before building a ``LazyTensor`` that uses
 them. The node names carry a version number: a change of the generated code must change the name,
-because KeOps caches compiled formulas by their text.
+because KeOps caches compiled formulas by their text (``Expm1`` is named after the C function it
+calls, which does not change).
 """
 
 from __future__ import annotations
@@ -18,14 +20,18 @@ import importlib
 import threading
 
 from keopscore.formulas.Operation import Operation
+from keopscore.formulas.VectorizedScalarOp import VectorizedScalarOp
 from keopscore.utils.code_gen_utils import new_c_varname
+from keopscore.utils.math_functions import math_function
 from keopscore.utils.misc_utils import KeOps_Error
 
-__all__ = ["ELEMENTARY_SYMMETRIC", "register"]
+__all__ = ["ELEMENTARY_SYMMETRIC", "EXPM1", "register"]
 
 #: Name of :class:`ElementarySymmetric` in KeOps formula strings.
 ELEMENTARY_SYMMETRIC = "LazykernElemSym1"
 _GRADIENT = "LazykernElemSymGrad1"
+#: Name of :class:`Expm1` in KeOps formula strings.
+EXPM1 = "LazykernExpm1"
 
 _lock = threading.Lock()
 _registered = False
@@ -146,6 +152,20 @@ class ElementarySymmetricGrad(Operation):
         KeOps_Error(f"{_GRADIENT}: second derivatives of interaction kernels are not implemented")
 
 
+class Expm1(VectorizedScalarOp):
+    r""":math:`e^x - 1`, elementwise, accurate for small :math:`x` (where ``Exp(x) - 1`` keeps only
+    the rounding error of :math:`e^x`); KeOps has no such node of its own."""
+
+    string_id = EXPM1
+    ScalarOpFun = math_function(cpu_code="expm1", gpu_half2_code="NA")
+
+    @staticmethod
+    def Derivative(f):
+        from keopscore.formulas.maths.Exp import Exp
+
+        return Exp(f)
+
+
 def register() -> None:
     """Make lazykern's nodes known to keopscore (idempotent, thread-safe)."""
     global _registered
@@ -162,4 +182,5 @@ def register() -> None:
         for namespace in namespaces:
             namespace[ELEMENTARY_SYMMETRIC] = ElementarySymmetric
             namespace[_GRADIENT] = ElementarySymmetricGrad
+            namespace[EXPM1] = Expm1
         _registered = True
