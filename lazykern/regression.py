@@ -499,6 +499,7 @@ class RegressionResult:
         peak_memory_mb: peak memory during training and prediction (see :class:`PeakMemory`).
         memory_measure: ``"cuda_max_allocated"`` or ``"process_peak_rss"``.
         final_loss: last training loss (negative marginal log likelihood per point).
+        evaluations: number of loss evaluations during training.
         hyperparameters: final hyperparameters (see :func:`hyperparameters`).
         order_shares: share of variance of each interaction order (see
             :func:`lazykern.components.component_analysis`), ``None`` for non-additive kernels.
@@ -529,6 +530,7 @@ class RegressionResult:
     peak_memory_mb: float
     memory_measure: str
     final_loss: float
+    evaluations: int
     hyperparameters: dict[str, Any]
     order_shares: list[float] | None
     dimension_shares: list[float] | None
@@ -645,6 +647,7 @@ def fit_evaluate(
         peak_memory_mb=peak.mb,
         memory_measure="cuda_max_allocated" if device.type == "cuda" else "process_peak_rss",
         final_loss=losses[-1],
+        evaluations=len(losses),
         hyperparameters=hyperparameters(model),
         order_shares=None if analysis is None else analysis.order_shares.tolist(),
         dimension_shares=None if analysis is None else analysis.dimension_shares.tolist(),
