@@ -176,6 +176,8 @@ def _fmt(entry: dict | None, field: str, digits: int) -> str:
     if entry is None:
         return ""
     text = _mean_std(entry[field], digits)
+    if 0 < len(entry[field]) < 3:
+        text += f" (n={len(entry[field])})"
     if entry["failed"]:
         text += f" ({len(entry['failed'])} failed)"
     return text or "failed"
@@ -201,12 +203,13 @@ def rst(table: list[list[str]]) -> list[str]:
 
 
 CAPTIONS = {
-    "main-rmse": "Test RMSE (standardized: 1.0 is the mean predictor), mean ± std over splits 0, 1, 2. The last column "
+    "main-rmse": "Test RMSE (standardized: 1.0 is the mean predictor), mean ± std over the splits. The last column "
                  "divides the best additive-family kernel's mean RMSE by lazykern's ARD RBF's (✓: within 5%).",
     "main-nlpd": "Test NLPD (standardized units), mean ± std over the same runs.",
     "main-cost": "Training time (mean over splits; shared machine, indicative only) and peak resident memory of the "
                  "whole process (largest over splits).",
-    "full-rmse": "Full training set (conjugate gradients above the Cholesky limit): test RMSE, split 0.",
+    "full-rmse": "Full training set (conjugate gradients and Lanczos quadrature on lazy matvecs above {cholesky} points, "
+                 "Adam with the plateau stop, at most {iters} steps): test RMSE, split 0.",
     "full-nlpd": "Full training set: test NLPD.",
     "full-cost": "Full training set: training time and peak memory.",
     "shares": "Share of the posterior variance by interaction order (``additive-ng``: variances of each order's "
@@ -214,30 +217,35 @@ CAPTIONS = {
 }
 
 
-def describe(meta: dict) -> str:
+def describe(meta: dict, records: list[dict]) -> str:
     s, m = meta["settings"], meta["machine"]
-    return (f"Splits {', '.join(map(str, s['splits']))} of each dataset; a random subset of n_train = {s['n_train']} "
+    splits = sorted({r["split"] for r in records if not r["full"]}) or s["splits"]
+    return (f"Splits {', '.join(map(str, splits))} of each dataset; a random subset of n_train = {s['n_train']} "
             f"training points ({', '.join(f'{k}: {v}' for k, v in N_TRAIN.items())}; seed {s['seed']}, the same "
             f"subset for every kernel), all test points; {s['dtype']}. One recipe for every kernel "
             f"(:func:`lazykern.regression.train`): lengthscales initialized at the square root of the number of "
             f"dimensions a kernel term multiplies, then {s['optimizer']} optimizer (L-BFGS on the exact Cholesky path, "
             f"at most {s['iters']} iterations, stopping when the loss changes by less than {s['tolerance']}); "
-            f"``additive-ng`` and ``oak`` with max_degree = {s['max_degree'] or 'the default'}. Machine: "
+            f"``additive-ng`` and ``oak`` with max_degree = {s['max_degree'] or 'd (all orders, the default)'}. Machine: "
             f"{m['cpu']}, {m['cores']} cores, shared with other jobs while measured (times are indicative), torch "
             f"{m['torch']}.")
 
 
 def render(meta: dict, records: list[dict]) -> None:
     found = tables(records)
-    md = ["# UCI results", "", describe(meta), ""]
+    full = [r for r in records if r["full"]]
+    captions = {name: text.format(iters="/".join(sorted({str(r["iters"]) for r in full})) or "?",
+                                  cholesky="/".join(sorted({str(r["max_cholesky"]) for r in full})) or "?")
+                for name, text in CAPTIONS.items()}
+    md = ["# UCI results", "", describe(meta, records), ""]
     for name, table in found.items():
-        md += [CAPTIONS[name], ""] + markdown(table) + [""]
+        md += [captions[name], ""] + markdown(table) + [""]
     (RESULTS / "uci.md").write_text("\n".join(md))
-    text = ["UCI results", "===========", "", describe(meta), "",
+    text = ["UCI results", "===========", "", describe(meta, records), "",
             "Regenerate with ``python benchmarks/uci_results.py`` (raw records, one per run: "
             "``benchmarks/results/uci.jsonl``).", ""]
     for name, table in found.items():
-        text += [CAPTIONS[name], ""] + rst(table)
+        text += [captions[name], ""] + rst(table)
     text += [READING, ""]
     DOCS.write_text("\n".join(text))
 
