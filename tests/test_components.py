@@ -79,7 +79,7 @@ def test_oak_order_shares_put_the_interaction_where_it_is(trained):
     assert float(result.dimension_shares[2]) < 0.02 and float(result.dimension_shares[3]) < 0.02
     assert float(totals[4:].max()) < 0.02  # irrelevant inputs
     # Two routes to the same number (the order's and the dimensions' derivatives): rounding only.
-    assert abs(float(result.dimension_shares.sum()) - float(result.order_shares[0])) < 1e-8
+    assert abs(float(result.dimension_shares.sum()) - float(result.order_shares[0])) < 1e-6
 
 
 def test_sobol_indices_match_their_definition():
