@@ -36,6 +36,8 @@ DATASETS = ("pol", "elevators", "bike", "kin40k", "protein", "keggdirected", "pu
 N_TRAIN = {"pumadyn32nm": 1500}
 KERNELS = ("additive-rbf", "additive-ng", "oak", "rbf-ard", "gpytorch-rbf-ard")
 ADDITIVE_FAMILY = ("additive-rbf", "additive-ng", "oak")
+#: Cheapest first, so that an interrupted regeneration has the baselines.
+RUN_ORDER = ("rbf-ard", "gpytorch-rbf-ard", "additive-rbf", "oak", "additive-ng")
 SETTINGS = ("n_train", "split", "seed", "dtype", "iters", "optimizer", "tolerance", "max_degree", "max_cholesky")
 
 
@@ -108,7 +110,13 @@ def _mean_std(values: list[float], digits: int = 3) -> str:
 
 
 def summarize(records: list[dict], full: bool) -> list[dict]:
-    """One row per dataset: per kernel, the RMSEs, NLPDs, times, memory of the successful runs."""
+    """One row per dataset: per kernel, the RMSEs, NLPDs, times, memory of the successful runs (the
+    latest record of each run, should two processes have measured the same one)."""
+    latest = {}
+    for r in records:
+        if "error" not in r or key(r) not in latest:
+            latest[key(r)] = r
+    records = list(latest.values())
     rows = []
     for dataset in DATASETS:
         runs = [r for r in records if r["dataset"] == dataset and r["full"] == full]
@@ -306,7 +314,7 @@ def main() -> None:
     done = {key(r) for r in records if "error" not in r}
     for split in args.splits:
         for dataset in args.datasets:
-            for kernel in args.kernels:
+            for kernel in sorted(args.kernels, key=RUN_ORDER.index):
                 job = {"dataset": dataset, "kernel": kernel, "split": split, "seed": args.seed, "dtype": args.dtype,
                        "n_train": None if args.full else N_TRAIN.get(dataset, args.n_train), "iters": args.iters,
                        "optimizer": args.optimizer, "tolerance": args.tolerance, "max_degree": args.max_degree,
