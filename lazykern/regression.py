@@ -592,8 +592,8 @@ def fit_evaluate(
         >>> x = torch.rand(120, 2, dtype=torch.float64); y = torch.sin(4 * x).sum(-1)
         >>> r = fit_evaluate(x[:100], y[:100], x[100:], y[100:], kernel="additive-rbf", iters=10,
         ...                  progress=False)
-        >>> sorted(r.to_dict())[:3]
-        ['d', 'device', 'dtype']
+        >>> r.order_shares, len(r.dimension_shares)   # first-order additive: one order, two inputs
+        ([1.0], 2)
     """
     check_floating_matrix("test_x", test_x)
     if test_x.shape[-1] != train_x.shape[-1]:

@@ -190,7 +190,7 @@ def _split(x: Any, parts: int) -> list[Any]:
 
 
 def _measure_constants(lengthscale: torch.Tensor, measure_std: torch.Tensor):
-    """:math:`\beta, c` and :math:`\log\rho` (from ``log1p``: no cancellation for small :math:`\beta`)."""
+    r""":math:`\beta, c` and :math:`\log\rho` (from ``log1p``: no cancellation for small :math:`\beta`)."""
     beta = (measure_std / lengthscale) ** 2
     return beta, 1 / (1 + beta), 0.5 * torch.log1p(2 * beta) - torch.log1p(beta)
 
