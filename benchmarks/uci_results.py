@@ -216,8 +216,8 @@ CAPTIONS = {
     "main-nlpd": "Test NLPD (standardized units), mean ± std over the same runs.",
     "main-cost": "Training time (mean over splits; shared machine, indicative only) and peak resident memory of the "
                  "whole process (largest over splits).",
-    "full-rmse": "Full training set (conjugate gradients and Lanczos quadrature on lazy matvecs above {cholesky} points, "
-                 "Adam with the plateau stop, at most {iters} steps): test RMSE, split 0.",
+    "full-rmse": "Full training set (conjugate gradients and Lanczos quadrature on lazy matvecs above {cholesky} "
+                 "points, Adam with the plateau stop, at most {iters} steps): test RMSE, split 0.",
     "full-nlpd": "Full training set: test NLPD.",
     "full-cost": "Full training set: training time and peak memory.",
     "shares": "Share of the posterior variance by interaction order (``additive-ng``: variances of each order's "
@@ -234,7 +234,8 @@ def describe(meta: dict, records: list[dict]) -> str:
             f"(:func:`lazykern.regression.train`): lengthscales initialized at the square root of the number of "
             f"dimensions a kernel term multiplies, then {s['optimizer']} optimizer (L-BFGS on the exact Cholesky path, "
             f"at most {s['iters']} iterations, stopping when the loss changes by less than {s['tolerance']}); "
-            f"``additive-ng`` and ``oak`` with max_degree = {s['max_degree'] or 'd (all orders, the default)'}. Machine: "
+            f"``additive-ng`` and ``oak`` with max_degree = {s['max_degree'] or 'd (all orders, the default)'}. "
+            f"Machine: "
             f"{m['cpu']}, {m['cores']} cores, shared with other jobs while measured (times are indicative), torch "
             f"{m['torch']}.")
 

@@ -44,6 +44,7 @@ ranked = torch.argsort(effects, descending=True)[:5].tolist()
 label = "total effect" if analysis.total_effects is not None else "first-order share"
 print(f"inputs with the largest {label}: " + ", ".join(f"x{d} ({float(effects[d]):.2f})" for d in ranked))
 args.out.mkdir(parents=True, exist_ok=True)
+title = f"{args.dataset}: {args.kernel}, orders 1..{result.max_degree}"
 path = plot_components(result, args.out / f"components_{args.dataset}_{args.kernel}.png", x_mean=data.x_mean,
-                       x_std=data.x_std, y_std=data.y_std, title=f"{args.dataset}: {args.kernel}, orders 1..{result.max_degree}")
+                       x_std=data.x_std, y_std=data.y_std, title=title)
 print(f"wrote {path}")

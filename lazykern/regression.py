@@ -326,7 +326,8 @@ def train(
         return -mll(model(*model.train_inputs), model.train_targets)
 
     losses: list[float] = []
-    with tqdm(total=2 * iters if optimizer == "lbfgs" else iters, desc=f"training ({optimizer})", disable=not progress, leave=False) as bar:
+    total = 2 * iters if optimizer == "lbfgs" else iters
+    with tqdm(total=total, desc=f"training ({optimizer})", disable=not progress, leave=False) as bar:
         if optimizer == "lbfgs":
             opt = torch.optim.LBFGS(parameters, lr=1.0 if lr is None else lr, max_iter=iters, max_eval=2 * iters,
                                     tolerance_change=tolerance, tolerance_grad=1e-7, history_size=10,

@@ -44,7 +44,8 @@ def _forward_code(dtype: str, z: str, d: int, r_max: int, state: str, history: s
     (if given) receives the state *before* each input, ``(d, r_max + 1)`` row-major.
     """
     j, r, w = new_c_varname("j"), new_c_varname("r"), new_c_varname("w")
-    save = f"for (int {r} = 0; {r} <= {r_max}; {r}++) {history}[({j} - 1) * {r_max + 1} + {r}] = {state}[{r}];" if history else ""
+    save = (f"for (int {r} = 0; {r} <= {r_max}; {r}++) {history}[({j} - 1) * {r_max + 1} + {r}] = {state}[{r}];"
+            if history else "")
     return f"""
         {state}[0] = ({dtype}) 1;
         for (int {r} = 1; {r} <= {r_max}; {r}++) {state}[{r}] = ({dtype}) 0;
@@ -53,7 +54,8 @@ def _forward_code(dtype: str, z: str, d: int, r_max: int, state: str, history: s
             const {dtype} {w} = ({dtype}) 1 / ({dtype}) {j};
             // descending r: state[r - 1] still holds the previous input's value when state[r] is updated
             for (int {r} = ({j} < {r_max} ? {j} : {r_max}); {r} >= 1; {r}--)
-                {state}[{r}] = (({dtype}) ({j} - {r}) * {state}[{r}] + ({dtype}) {r} * {z}[{j} - 1] * {state}[{r} - 1]) * {w};
+                {state}[{r}] = (({dtype}) ({j} - {r}) * {state}[{r}]
+                                + ({dtype}) {r} * {z}[{j} - 1] * {state}[{r} - 1]) * {w};
         }}
     """
 
@@ -142,7 +144,8 @@ class ElementarySymmetricGrad(Operation):
                 {out.id}[{j} - 1] = {acc} * {w};
                 // ascending r: adj[r + 1] still holds the later state's adjoint when adj[r] is updated
                 for (int {r} = 0; {r} <= top; {r}++) {{
-                    const {dtype} {nxt} = ({r} + 1 <= top) ? ({dtype}) ({r} + 1) * {zj} * {adj}[{r} + 1] * {w} : ({dtype}) 0;
+                    const {dtype} {nxt} = ({r} + 1 <= top)
+                        ? ({dtype}) ({r} + 1) * {zj} * {adj}[{r} + 1] * {w} : ({dtype}) 0;
                     {adj}[{r}] = ({r} >= 1 ? ({dtype}) ({j} - {r}) * {w} * {adj}[{r}] : {adj}[{r}]) + {nxt};
                 }}
             }}

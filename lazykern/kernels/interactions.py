@@ -101,7 +101,8 @@ class NewtonGirardAdditiveKernel(AdditiveStructureKernel):
         self.register_parameter(
             "raw_outputscale", torch.nn.Parameter(torch.zeros(*self.batch_shape, self.max_degree, dtype=dtype))
         )
-        self.register_constraint("raw_outputscale", Positive() if outputscale_constraint is None else outputscale_constraint)
+        self.register_constraint("raw_outputscale",
+                                 Positive() if outputscale_constraint is None else outputscale_constraint)
         if outputscale_prior is not None:
             self.register_prior("outputscale_prior", outputscale_prior, lambda m: m.outputscale,
                                 lambda m, v: m._set_outputscale(v))
@@ -335,7 +336,8 @@ class GroupAdditiveKernel(Kernel):
         for group in groups:
             if isinstance(group, (str, bytes)) or not isinstance(group, Sequence) or not group:
                 raise ValueError(f"{message}, got group {group!r}")
-            if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in group) or len(set(group)) != len(group):
+            bad = any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in group)
+            if bad or len(set(group)) != len(group):
                 raise ValueError(f"{message}, got group {group!r}")
             checked.append(tuple(group))
         return tuple(checked)
