@@ -48,7 +48,11 @@ def newton_girard_scaled(z: torch.Tensor, max_degree: int) -> torch.Tensor:
     return newton_girard(z / d, max_degree) * powers
 
 
-METHODS = {"newton-girard": newton_girard, "newton-girard z/D": newton_girard_scaled, "recurrence": elementary_symmetric}
+METHODS = {
+    "newton-girard": newton_girard,
+    "newton-girard z/D": newton_girard_scaled,
+    "recurrence": elementary_symmetric,
+}
 
 
 def regimes(n: int, d: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
