@@ -1,31 +1,44 @@
-"""Regenerate the "UCI results" table: additive vs full ARD kernels on six UCI datasets, split 0.
+"""Regenerate the "UCI results" tables: additive, interaction and full ARD kernels, 3 splits each.
 
-    LAZYKERN_DATA=/path/to/uci_datasets python benchmarks/uci_results.py [--n-train 2000] [--iters 50]
+    LAZYKERN_DATA=/path/to/uci_datasets python benchmarks/uci_results.py [--n-train 2000] [--splits 0 1 2]
+    LAZYKERN_DATA=... python benchmarks/uci_results.py --full --datasets pol --kernels additive-ng rbf-ard
 
-Every (dataset, kernel) pair runs ``lazykern uci`` in a fresh process (so peak memory is that run's
-alone) on the same random training subset. Results go to ``benchmarks/results/uci.json`` (raw
-records), ``benchmarks/results/uci.md`` and ``docs/uci.rst``, rewritten after every run; a run whose
-record is already in ``uci.json`` with the same settings is not repeated (``--force`` repeats it),
-so an interrupted regeneration resumes. ``--render-only`` rewrites the tables from ``uci.json``.
+Every (dataset, split, kernel) run trains with :func:`lazykern.regression.fit_evaluate` (the recipe of
+``lazykern uci``: dimension-aware initialization, L-BFGS to convergence on the exact path, Adam with
+a plateau schedule on the conjugate-gradient path) in a fresh process, so peak memory is that run's
+alone, on the same random training subset for every kernel. Each finished run appends one JSON
+record to ``benchmarks/results/uci.jsonl``; a run already recorded with the same settings is
+skipped (``--force`` repeats it), so an interrupted regeneration resumes where it stopped. After
+every run the tables are rewritten: ``benchmarks/results/uci.md`` and ``docs/uci.rst`` (mean ± std
+over splits). ``--render-only`` rewrites them from the records. ``--full`` uses every training
+point (the "full training set" column; conjugate gradients above ``--max-cholesky`` points).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+RECORDS = RESULTS / "uci.jsonl"
 DOCS = ROOT / "docs" / "uci.rst"
-DATASETS = ("pol", "elevators", "bike", "kin40k", "protein", "keggdirected")
-KERNELS = ("additive-rbf", "gpytorch-rbf-ard", "rbf-ard")
-SETTINGS = ("n_train", "iters", "split", "seed", "dtype", "lr")
+DATASETS = ("pol", "elevators", "bike", "kin40k", "protein", "keggdirected", "pumadyn32nm")
+#: Training-subset size where it differs from ``--n-train`` (pumadyn32nm: the size at which GPyTorch's
+#: defaults end at the mean predictor).
+N_TRAIN = {"pumadyn32nm": 1500}
+KERNELS = ("additive-rbf", "additive-ng", "oak", "rbf-ard", "gpytorch-rbf-ard")
+ADDITIVE_FAMILY = ("additive-rbf", "additive-ng", "oak")
+#: Cheapest first, so that an interrupted regeneration has the baselines.
+RUN_ORDER = ("rbf-ard", "gpytorch-rbf-ard", "additive-rbf", "oak", "additive-ng")
+SETTINGS = ("n_train", "split", "seed", "dtype", "iters", "optimizer", "tolerance", "max_degree", "max_cholesky")
 
 
 def machine() -> dict:
@@ -37,127 +50,288 @@ def machine() -> dict:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
-            "threads": torch.get_num_threads()}
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()}
 
 
-def run_one(dataset: str, kernel: str, args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        command = [sys.executable, "-m", "lazykern.cli", "uci", dataset, "--kernel", kernel, "--n-train",
-                   str(args.n_train), "--iters", str(args.iters), "--split", str(args.split), "--seed",
-                   str(args.seed), "--dtype", args.dtype, "--lr", str(args.lr), "--device", "cpu",
-                   "--json", str(out), "--quiet"]
-        proc = subprocess.run(command, capture_output=True, text=True)
-        if proc.returncode != 0:
-            return {"dataset": dataset, "kernel": kernel, "error": proc.stderr.strip().splitlines()[-1:],
-                    **{k: getattr(args, k) for k in SETTINGS}}
-        return json.loads(out.read_text())
+def worker(job: dict) -> dict:
+    """One run, in this (fresh) process: the record to append."""
+    import torch
+
+    from lazykern.data import load_uci
+    from lazykern.regression import fit_evaluate
+
+    torch.manual_seed(job["seed"])
+    torch.set_flush_denormal(True)  # float32 denormals make CPU LAPACK ~10x slower
+    data = load_uci(job["dataset"], split=job["split"], n_train=job["n_train"], seed=job["seed"],
+                    dtype=getattr(torch, job["dtype"]))
+    kernel = job["kernel"]
+    result = fit_evaluate(data.train_x, data.train_y, data.test_x, data.test_y, kernel=kernel,
+                          max_degree=job["max_degree"] if kernel in ("additive-ng", "oak") else None,
+                          iters=job["iters"], optimizer=job["optimizer"], tolerance=job["tolerance"],
+                          y_scale=data.y_std, max_cholesky_size=job["max_cholesky"], progress=False)
+    record = result.to_dict()
+    record.update({k: job[k] for k in ("dataset", "split", "seed", "optimizer", "tolerance", "max_cholesky", "full")})
+    record["requested_max_degree"] = job["max_degree"]
+    record["n_train"] = data.n_train
+    record["requested_n_train"] = job["n_train"]
+    return record
 
 
-def same_settings(record: dict, args: argparse.Namespace) -> bool:
-    return all(record.get(k) == getattr(args, k) for k in SETTINGS)
+def run_one(job: dict, timeout: float) -> dict:
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {**job, "error": f"did not finish within {timeout:.0f} s"}
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        return {**job, "error": lines[-1] if lines else f"exit status {proc.returncode}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def rows(records: list[dict]) -> list[list[str]]:
-    table = []
+def key(record: dict) -> tuple:
+    renamed = {"n_train": "requested_n_train", "max_degree": "requested_max_degree"}
+    return (record["dataset"], record["kernel"], record["split"], record["full"],
+            *(record.get(renamed.get(k, k), record.get(k)) for k in SETTINGS))
+
+
+def load_records() -> list[dict]:
+    if not RECORDS.exists():
+        return []
+    return [json.loads(line) for line in RECORDS.read_text().splitlines() if line.strip()]
+
+
+def _mean_std(values: list[float], digits: int = 3) -> str:
+    if not values:
+        return ""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def summarize(records: list[dict], full: bool) -> list[dict]:
+    """One row per dataset: per kernel, the RMSEs, NLPDs, times, memory of the successful runs (the
+    latest record of each run, should two processes have measured the same one)."""
+    latest = {}
     for r in records:
-        if "error" in r:
-            table.append([r["dataset"], r["kernel"], "failed", "", "", "", ""])
+        if "error" not in r or key(r) not in latest:
+            latest[key(r)] = r
+    records = list(latest.values())
+    rows = []
+    for dataset in DATASETS:
+        runs = [r for r in records if r["dataset"] == dataset and r["full"] == full]
+        if not runs:
             continue
-        table.append([r["dataset"], f"{r['n_train']} / {r['n_test']} / {r['d']}", r["kernel"],
-                      f"{r['rmse']:.3f}", f"{r['nlpd']:.3f}", f"{r['train_seconds']:.0f}",
-                      f"{r['peak_memory_mb']:.0f}"])
-    return table
+        row = {"dataset": dataset, "kernels": {}}
+        ok = [r for r in runs if "error" not in r]
+        if ok:
+            row["shape"] = f"{ok[0]['n_train']} / {ok[0]['n_test']} / {ok[0]['d']}"
+        for kernel in KERNELS:
+            mine = [r for r in runs if r["kernel"] == kernel]
+            good = [r for r in mine if "error" not in r]
+            if not mine:
+                continue
+            row["kernels"][kernel] = {
+                "rmse": [r["rmse"] for r in good], "nlpd": [r["nlpd"] for r in good],
+                "seconds": [r["train_seconds"] for r in good], "memory": [r["peak_memory_mb"] for r in good],
+                "failed": [r["error"] for r in mine if "error" in r],
+                "order_shares": [r["order_shares"] for r in good if r.get("order_shares")],
+            }
+        rows.append(row)
+    return rows
 
 
-HEADER = ["dataset", "n_train / n_test / d", "kernel", "RMSE", "NLPD", "train s", "peak MB"]
+def verdict(row: dict) -> str:
+    """Best additive-family mean RMSE over ARD RBF's (lazykern's), as a ratio."""
+    ard = row["kernels"].get("rbf-ard", {}).get("rmse")
+    family = {k: row["kernels"][k]["rmse"] for k in ADDITIVE_FAMILY if row["kernels"].get(k, {}).get("rmse")}
+    if not ard or not family:
+        return ""
+    best = min(family, key=lambda k: statistics.mean(family[k]))
+    ratio = statistics.mean(family[best]) / statistics.mean(ard)
+    return f"{best} {ratio:.2f}" + (" ✓" if ratio <= 1.05 else " ✗")
+
+
+def tables(records: list[dict]) -> dict[str, list[list[str]]]:
+    out = {}
+    for name, full in (("main", False), ("full", True)):
+        rows = summarize(records, full)
+        if not rows:
+            continue
+        kernels = [k for k in KERNELS if any(k in r["kernels"] for r in rows)]
+        rmse = [["dataset", "n_train / n_test / d", *kernels, "best additive / ARD"]]
+        nlpd = [["dataset", *kernels]]
+        cost = [["dataset", *kernels]]
+        for r in rows:
+            cell = lambda k, f, digits=3: _fmt(r["kernels"].get(k), f, digits)  # noqa: E731
+            rmse.append([r["dataset"], r.get("shape", ""), *(cell(k, "rmse") for k in kernels), verdict(r)])
+            nlpd.append([r["dataset"], *(cell(k, "nlpd") for k in kernels)])
+            cost.append([r["dataset"], *(_cost(r["kernels"].get(k)) for k in kernels)])
+        out[f"{name}-rmse"], out[f"{name}-nlpd"], out[f"{name}-cost"] = rmse, nlpd, cost
+    shares = [["dataset", "kernel", "order shares (orders 1, 2, ...; mean over splits)"]]
+    for r in summarize(records, False):
+        for kernel in ("additive-ng", "oak"):
+            found = r["kernels"].get(kernel, {}).get("order_shares")
+            if found:
+                mean = [statistics.mean(v) for v in zip(*found)]
+                shares.append([r["dataset"], kernel, ", ".join(f"{v:.2f}" for v in mean)])
+    if len(shares) > 1:
+        out["shares"] = shares
+    return out
+
+
+def _fmt(entry: dict | None, field: str, digits: int) -> str:
+    if entry is None:
+        return ""
+    text = _mean_std(entry[field], digits)
+    if 0 < len(entry[field]) < 3:
+        text += f" (n={len(entry[field])})"
+    if entry["failed"]:
+        text += f" ({len(entry['failed'])} failed)"
+    return text or "failed"
+
+
+def _cost(entry: dict | None) -> str:
+    if entry is None or not entry["seconds"]:
+        return ""
+    return f"{statistics.mean(entry['seconds']):.0f} s / {max(entry['memory']):.0f} MB"
+
+
+def markdown(table: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(table[0]) + " |", "|" + "---|" * len(table[0])]
+    return lines + ["| " + " | ".join(row) + " |" for row in table[1:]]
+
+
+def rst(table: list[list[str]]) -> list[str]:
+    lines = [".. list-table::", "   :header-rows: 1", ""]
+    for row in table:
+        lines.append("   * - " + (row[0] or " "))
+        lines += [f"     - {cell or ' '}" for cell in row[1:]]
+    return lines + [""]
+
+
+CAPTIONS = {
+    "main-rmse": "Test RMSE (standardized: 1.0 is the mean predictor), mean ± std over the splits. The last column "
+                 "divides the best additive-family kernel's mean RMSE by lazykern's ARD RBF's (✓: within 5%).",
+    "main-nlpd": "Test NLPD (standardized units), mean ± std over the same runs.",
+    "main-cost": "Training time (mean over splits; shared machine, indicative only) and peak resident memory of the "
+                 "whole process (largest over splits).",
+    "full-rmse": "Full training set (conjugate gradients and Lanczos quadrature on lazy matvecs above {cholesky} "
+                 "points, Adam with the plateau stop, at most {iters} steps): test RMSE, split 0.",
+    "full-nlpd": "Full training set: test NLPD.",
+    "full-cost": "Full training set: training time and peak memory.",
+    "shares": "Share of the posterior variance by interaction order (``additive-ng``: variances of each order's "
+              "posterior-mean component over the training inputs; ``oak``: Sobol indices under the input measure).",
+}
 
 
 def describe(meta: dict, records: list[dict]) -> str:
-    solvers = sorted({r["solver"] for r in records if "solver" in r})
-    s = meta["settings"]
-    m = meta["machine"]
-    return (f"Split {s['split']}, a random subset of n_train = {s['n_train']} training points (seed {s['seed']}, "
-            f"the same subset for every kernel), all test points; {s['iters']} Adam steps at lr {s['lr']}, "
-            f"{s['dtype']}; solver: {' and '.join(solvers) or 'none yet'} (``lazykern uci --max-cholesky``). RMSE and NLPD in standardized units "
-            f"(targets scaled by their training standard deviation: 1.0 is the mean predictor). Peak memory "
-            f"is the peak resident set size of the whole process during training and prediction (it includes "
-            f"PyTorch itself). Machine: {m['cpu']}, {m['cores']} cores, shared with other jobs while measured "
-            f"(times are indicative), torch {m['torch']}.")
+    s, m = meta["settings"], meta["machine"]
+    splits = sorted({r["split"] for r in records if not r["full"]}) or s["splits"]
+    return (f"Splits {', '.join(map(str, splits))} of each dataset; a random subset of n_train = {s['n_train']} "
+            f"training points ({', '.join(f'{k}: {v}' for k, v in N_TRAIN.items())}; seed {s['seed']}, the same "
+            f"subset for every kernel), all test points; {s['dtype']}. One recipe for every kernel "
+            f"(:func:`lazykern.regression.train`): lengthscales initialized at the square root of the number of "
+            f"dimensions a kernel term multiplies, then {s['optimizer']} optimizer (L-BFGS on the exact Cholesky path, "
+            f"at most {s['iters']} iterations, stopping when the loss changes by less than {s['tolerance']}); "
+            f"``additive-ng`` and ``oak`` with max_degree = {s['max_degree'] or 'd (all orders, the default)'}. "
+            f"Machine: "
+            f"{m['cpu']}, {m['cores']} cores, shared with other jobs while measured (times are indicative), torch "
+            f"{m['torch']}.")
 
 
 def render(meta: dict, records: list[dict]) -> None:
-    order = {(d, k): i for i, (d, k) in enumerate((d, k) for d in DATASETS for k in KERNELS)}
-    records = sorted(records, key=lambda r: order.get((r["dataset"], r["kernel"]), len(order)))
-    table = rows(records)
-    md = ["# UCI results", "", describe(meta, records), "",
-          "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    md += ["| " + " | ".join(row) + " |" for row in table]
-    (RESULTS / "uci.md").write_text("\n".join(md) + "\n")
-
-    rst = ["UCI results", "===========", "", describe(meta, records), "",
-           "Regenerate with ``python benchmarks/uci_results.py`` (raw records: ``benchmarks/results/uci.json``).",
-           "", ".. list-table::", "   :header-rows: 1", ""]
-    for row in [HEADER] + table:
-        rst.append("   * - " + row[0])
-        rst += [f"     - {cell}" for cell in row[1:]]
-    rst += ["", READING, ""]
-    DOCS.write_text("\n".join(rst))
+    found = tables(records)
+    full = [r for r in records if r["full"]]
+    captions = {name: text.format(iters="/".join(sorted({str(r["iters"]) for r in full})) or "?",
+                                  cholesky="/".join(sorted({str(r["max_cholesky"]) for r in full})) or "?")
+                for name, text in CAPTIONS.items()}
+    md = ["# UCI results", "", describe(meta, records), ""]
+    for name, table in found.items():
+        md += [captions[name], ""] + markdown(table) + [""]
+    (RESULTS / "uci.md").write_text("\n".join(md))
+    text = ["UCI results", "===========", "", describe(meta, records), "",
+            "Regenerate with ``python benchmarks/uci_results.py`` (raw records, one per run: "
+            "``benchmarks/results/uci.jsonl``).", ""]
+    for name, table in found.items():
+        text += [captions[name], ""] + rst(table)
+    text += [READING, ""]
+    DOCS.write_text("\n".join(text))
 
 
 READING = """\
-Reading the table
------------------
+Reading the tables
+------------------
 
-``additive-rbf`` is a first-order additive kernel, :math:`s \\sum_d w_d k(x_d, x'_d)`
-(:class:`lazykern.kernels.AdditiveStructureKernel` over :class:`lazykern.kernels.RBFKernel`):
-it cannot represent interactions between inputs. ``rbf-ard`` (lazykern's
-:class:`lazykern.kernels.RBFKernel`) and ``gpytorch-rbf-ard`` (GPyTorch's) are the same full ARD RBF
-model and should agree to optimization noise; they differ in how the kernel is evaluated. Where
-the additive kernel's error is far above the ARD kernel's (pol, for instance), the target depends
-on interactions between inputs, and an additive model is the wrong model, whatever its memory
-footprint. Its use is elsewhere: data whose structure is close to additive, interpretable
-per-input components (``examples/additive_components.py``), and training sets too large for the
-d x n x n tensor of GPyTorch's own ``AdditiveStructureKernel``.
+``additive-rbf`` is the first-order additive kernel :math:`s \\sum_d w_d k(x_d, x'_d)`
+(:class:`lazykern.kernels.AdditiveStructureKernel`): it cannot represent interactions between
+inputs. ``additive-ng`` (:class:`lazykern.kernels.NewtonGirardAdditiveKernel`) adds every
+interaction of up to ``max_degree`` inputs, each order with its own variance; ``oak``
+(:class:`lazykern.kernels.OrthogonalAdditiveKernel`) does the same with components made orthogonal
+to the input distribution, which makes its order shares Sobol indices (:doc:`interactions`).
+``rbf-ard`` (lazykern's :class:`lazykern.kernels.RBFKernel`) and ``gpytorch-rbf-ard`` (GPyTorch's)
+are the same full ARD RBF model evaluated by different code, and should agree up to optimization
+noise. Every kernel is trained by the same recipe from the same initialization rule.
 """
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
-    parser.add_argument("--kernels", nargs="+", default=list(KERNELS))
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
+    parser.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
+    parser.add_argument("--splits", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--n-train", type=int, default=2000)
-    parser.add_argument("--iters", type=int, default=50)
-    parser.add_argument("--split", type=int, default=0)
+    parser.add_argument("--full", action="store_true", help="use every training point (split 0 unless --splits)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--optimizer", default="auto")
+    parser.add_argument("--tolerance", type=float, default=1e-4)
+    parser.add_argument("--max-degree", type=int, default=None)
+    parser.add_argument("--max-cholesky", type=int, default=2000)
+    parser.add_argument("--timeout", type=float, default=6 * 3600, help="seconds per run (default 6 h)")
     parser.add_argument("--force", action="store_true", help="repeat runs already recorded")
-    parser.add_argument("--render-only", action="store_true", help="only rewrite the tables from uci.json")
+    parser.add_argument("--render-only", action="store_true", help="only rewrite the tables from the records")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / "uci.json"
-    saved = json.loads(path.read_text()) if path.exists() else {"records": []}
+    meta_path = RESULTS / "uci_meta.json"
+    settings = {"n_train": args.n_train, "splits": args.splits, "seed": args.seed, "dtype": args.dtype,
+                "iters": args.iters, "optimizer": args.optimizer, "tolerance": args.tolerance,
+                "max_degree": args.max_degree}
     if args.render_only:
-        render(saved, saved["records"])
+        render(json.loads(meta_path.read_text()), load_records())
         return
-    meta = {"machine": machine(), "settings": {k: getattr(args, k) for k in SETTINGS}}
-    records = [r for r in saved["records"] if same_settings(r, args)]
-    for dataset in args.datasets:
-        for kernel in args.kernels:
-            done = [r for r in records if (r["dataset"], r["kernel"]) == (dataset, kernel) and "error" not in r]
-            if done and not args.force:
-                continue
-            print(f"{dataset} / {kernel} ...", flush=True)
-            record = run_one(dataset, kernel, args)
-            record.update({k: getattr(args, k) for k in SETTINGS if k not in record})
-            records = [r for r in records if (r["dataset"], r["kernel"]) != (dataset, kernel)] + [record]
-            path.write_text(json.dumps({**meta, "records": records}, indent=1) + "\n")
-            render(meta, records)
-            print("   ", {k: record.get(k) for k in ("rmse", "nlpd", "train_seconds", "peak_memory_mb", "error")},
-                  flush=True)
+    meta = {"machine": machine(), "settings": settings}
+    if not args.full:
+        meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+    elif meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+    records = load_records()
+    done = {key(r) for r in records if "error" not in r}
+    for split in args.splits:
+        for dataset in args.datasets:
+            for kernel in sorted(args.kernels, key=RUN_ORDER.index):
+                job = {"dataset": dataset, "kernel": kernel, "split": split, "seed": args.seed, "dtype": args.dtype,
+                       "n_train": None if args.full else N_TRAIN.get(dataset, args.n_train), "iters": args.iters,
+                       "optimizer": args.optimizer, "tolerance": args.tolerance, "max_degree": args.max_degree,
+                       "max_cholesky": args.max_cholesky, "full": args.full}
+                probe = {**job, "requested_n_train": job["n_train"], "requested_max_degree": job["max_degree"]}
+                if key(probe) in done and not args.force:
+                    continue
+                print(f"{dataset} split {split} / {kernel}{' (full)' if args.full else ''} ...", flush=True)
+                record = run_one(job, args.timeout)
+                with RECORDS.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+                records.append(record)
+                render(meta, records)
+                shown = {k: record.get(k) for k in ("rmse", "nlpd", "train_seconds", "peak_memory_mb", "error")}
+                print("   ", {k: (round(v, 4) if isinstance(v, float) and math.isfinite(v) else v)
+                              for k, v in shown.items()}, flush=True)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ nitpicky = True
 nitpick_ignore = [
     ("py:class", "lazykern.ntk.operator._Plan"),
     ("py:class", "lazykern.ntk.features.NetworkInfo"),
+    # torch documents ``torch.distributed.ProcessGroup`` nowhere its inventory can point to.
+    ("py:class", "torch.distributed.distributed_c10d.ProcessGroup"),
 ]
 intersphinx_mapping = {
     "python": ("https://docs.python.org/3/", "_inventories/python.inv"),

@@ -19,10 +19,13 @@ __version__ = "0.1.0"
 """The version: the one place it is written (``pyproject.toml`` and ``lazykern --version`` read it)."""
 
 # Subpackages and modules reachable as attributes, and the names re-exported from them.
-_SUBMODULES = ("data", "distributed", "formulas", "kernels", "ntk", "operators", "regression", "settings", "solvers")
+_SUBMODULES = (
+    "components", "data", "distributed", "formulas", "kernels", "ntk", "operators", "regression", "settings", "solvers",
+)
 _FROM = {
     "kernels": (
-        "AdditiveStructureKernel", "MaternKernel", "PeriodicKernel", "ProductKernel", "RBFKernel", "RQKernel",
+        "AdditiveStructureKernel", "GroupAdditiveKernel", "MaternKernel", "NewtonGirardAdditiveKernel",
+        "OrthogonalAdditiveKernel", "PeriodicKernel", "ProductKernel", "RBFKernel", "RQKernel",
     ),
     "operators": ("LazyKernelOperator", "as_scipy"),
     "precompile": ("precompile",),
@@ -32,14 +35,18 @@ _ORIGIN = {**{name: module for module, names in _FROM.items() for name in names}
 
 __all__ = [
     "AdditiveStructureKernel",
+    "GroupAdditiveKernel",
     "KernelRidge",
     "LazyKernelOperator",
     "MaternKernel",
+    "NewtonGirardAdditiveKernel",
+    "OrthogonalAdditiveKernel",
     "PeriodicKernel",
     "ProductKernel",
     "RBFKernel",
     "RQKernel",
     "as_scipy",
+    "components",
     "data",
     "distributed",
     "formulas",

@@ -396,7 +396,7 @@ def test_disagreeing_ranks_all_raise_a_clear_error(runs, world_size):
         assert "disagree on the operator's shapes or dtypes" in errors["shape"] and "(37, 3)" in errors["shape"]
         assert "float32" in errors["dtype"] and "float64" in errors["dtype"]
         for case in ("hyperparameter", "data-order"):
-            assert "holds different values of ConstantMulLinearOperator.base_linear_op.x1" in errors[case], errors[case]
+            assert "holds different values of LazyKernelOperator.x1" in errors[case], errors[case]
         assert "different right-hand side" in errors["rhs"] and "seed" in errors["rhs"]
         assert "op must be a linear_operator LinearOperator" in errors["not-an-operator"]
 

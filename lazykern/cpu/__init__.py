@@ -2,9 +2,9 @@ r"""lazykern's own CPU reduction engine: kernel formulas compiled to vectorized 
 
 KeOps' CPU code vectorizes along the feature axis inside each pair, which fits 8- or 16-wide
 vectors badly for :math:`d = 26`. This engine traces a formula into an expression graph
-(:mod:`~lazykern.cpu.trace`), differentiates it symbolically (:mod:`~lazykern.cpu.grad`),
-generates one C loop nest per pass that vectorizes *across pairs* (:mod:`~lazykern.cpu.codegen`),
-and compiles it once per structure into a cache beside KeOps' (:mod:`~lazykern.cpu.build`).
+(``lazykern.cpu.trace``), differentiates it symbolically (``lazykern.cpu.grad``),
+generates one C loop nest per pass that vectorizes *across pairs* (``lazykern.cpu.codegen``),
+and compiles it once per structure into a cache beside KeOps' (``lazykern.cpu.build``).
 KeOps stays the engine on GPUs.
 
 Functions (same shapes as :mod:`lazykern.backend`): :func:`matmul`, :func:`dense`,

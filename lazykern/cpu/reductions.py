@@ -1,8 +1,8 @@
 r"""The CPU engine's public functions: products, dense blocks and fused gradients of a formula.
 
-Each function traces the formula once per structure (:mod:`lazykern.cpu.trace`), differentiates
-it symbolically where gradients are asked for (:mod:`lazykern.cpu.grad`), generates and compiles
-one reduction per pass (:mod:`lazykern.cpu.codegen`, :mod:`lazykern.cpu.build`) and runs it on
+Each function traces the formula once per structure (``lazykern.cpu.trace``), differentiates
+it symbolically where gradients are asked for (``lazykern.cpu.grad``), generates and compiles
+one reduction per pass (``lazykern.cpu.codegen``, ``lazykern.cpu.build``) and runs it on
 the tensors. Shapes follow :mod:`lazykern.backend`: ``x1`` ``(..., N, D1)``, ``x2``
 ``(..., M, D2)``, parameters ``(..., 1, K)``, right-hand sides ``(..., M, C)``; batch dimensions
 broadcast.
@@ -358,7 +358,7 @@ def supports(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tens
 
     True when: the tensors are on the CPU, all float32 or all float64, with broadcastable batch
     shapes; the platform is Linux on x86-64 with a C++ compiler; and the formula traces into
-    operations the engine generates (see :mod:`lazykern.cpu.trace`) with one value per pair.
+    operations the engine generates (see ``lazykern.cpu.trace``) with one value per pair.
     Nothing is compiled.
 
     Example:

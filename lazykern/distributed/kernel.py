@@ -26,7 +26,7 @@ class ShardedKernel(Kernel):
     the products are split by rows over the ranks (see :class:`ShardedOperator`). Put it where a
     kernel goes: the covariance module of a GPyTorch ``ExactGP`` (training through the exact
     marginal likelihood and prediction, on every rank in lockstep) or
-    :class:`lazykern.KernelRidge`. Diagonals (``diag=True``) are evaluated locally.
+    :class:`lazykern.solvers.KernelRidge`. Diagonals (``diag=True``) are evaluated locally.
 
     Args:
         base_kernel: the kernel to shard (lazykern kernels, their ``ScaleKernel``/sums, the NTK kernel).

@@ -191,7 +191,7 @@ class ShardedOperator(LinearOperator):
         return self.base.to_dense()
 
 
-def shard(op: LinearOperator | LazyEvaluatedKernelTensor, group: dist.ProcessGroup | None = None) -> ShardedOperator:
+def shard(op: LinearOperator, group: dist.ProcessGroup | None = None) -> ShardedOperator:
     r"""Split the products of ``op`` over the ranks of ``group``: each rank computes a block of rows.
 
     Call it on **every** rank of ``group`` with the same operator (same data, same

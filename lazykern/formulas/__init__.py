@@ -6,6 +6,10 @@ chunks), because both share torch's operator syntax. Nothing here imports GPyTor
 """
 
 from .composite import Combination, Part, Scaled
+from .interactions import GroupFormula, InteractionFormula, elementary_symmetric
 from .stationary import PROFILES, StationaryFormula
 
-__all__ = ["Combination", "PROFILES", "Part", "Scaled", "StationaryFormula"]
+__all__ = [
+    "Combination", "GroupFormula", "InteractionFormula", "PROFILES", "Part", "Scaled", "StationaryFormula",
+    "elementary_symmetric",
+]

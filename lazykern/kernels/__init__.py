@@ -3,5 +3,16 @@
 from .additive_structure import AdditiveStructureKernel
 from .base_kernels import MaternKernel, PeriodicKernel, RBFKernel, RQKernel
 from .combination import ProductKernel
+from .interactions import GroupAdditiveKernel, NewtonGirardAdditiveKernel, OrthogonalAdditiveKernel
 
-__all__ = ["AdditiveStructureKernel", "MaternKernel", "PeriodicKernel", "ProductKernel", "RBFKernel", "RQKernel"]
+__all__ = [
+    "AdditiveStructureKernel",
+    "GroupAdditiveKernel",
+    "MaternKernel",
+    "NewtonGirardAdditiveKernel",
+    "OrthogonalAdditiveKernel",
+    "PeriodicKernel",
+    "ProductKernel",
+    "RBFKernel",
+    "RQKernel",
+]

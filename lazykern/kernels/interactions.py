@@ -1,0 +1,373 @@
+"""Additive kernels with interactions: all orders (Newton–Girard), orthogonal (OAK), groups."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from gpytorch.constraints import Interval, Positive
+from gpytorch.kernels import Kernel
+from gpytorch.priors import Prior
+from torch import Tensor
+
+from ..formulas.interactions import (
+    GroupFormula,
+    InteractionFormula,
+    orthogonal_rbf_features,
+    orthogonal_rbf_variance,
+)
+from ..formulas.stationary import StationaryFormula
+from ..operators import LazyKernelOperator
+from ..validation import check_kernel_inputs, check_positive_int
+from .additive_structure import AdditiveStructureKernel
+from .base_kernels import RBFKernel
+from .stationary import check_no_last_dim_is_batch, formula_for, formula_inputs
+
+__all__ = ["NewtonGirardAdditiveKernel", "OrthogonalAdditiveKernel", "GroupAdditiveKernel"]
+
+
+def _check_max_degree(max_degree: int | None, num_dims: int) -> int:
+    if max_degree is None:
+        return num_dims
+    check_positive_int("max_degree", max_degree)
+    if max_degree > num_dims:
+        raise ValueError(f"max_degree must be at most num_dims={num_dims} (orders are subsets of dimensions), "
+                         f"got {max_degree}")
+    return max_degree
+
+
+class NewtonGirardAdditiveKernel(AdditiveStructureKernel):
+    r"""Additive kernel over all interaction orders 1..R (Duvenaud, Nickisch & Rasmussen, 2011), lazily.
+
+    .. math::
+
+        k(x, x') = \sum_{r=1}^{R} \sigma_r^2\, \tilde e_r(s_1 z_1, \dots, s_D z_D), \qquad
+        \tilde e_r(z) = \binom Dr^{-1} \sum_{|S| = r} \prod_{d \in S} z_d,
+
+    with :math:`z_d = k_{\text{base}}(x_d, x'_d)` the one-dimensional base kernel of dimension d.
+    Order 1 is the first-order additive kernel, order D the ARD product kernel; order r sums the
+    products over all :math:`\binom Dr` subsets of r dimensions. Dividing by :math:`\binom Dr`
+    makes :math:`\sigma_r^2` (``outputscale``) the prior variance of order r at :math:`x = x'`
+    (for unit ``component_scales``); GPyTorch's kernel of this name uses :math:`\sigma_r^2 e_r`,
+    i.e. its ``outputscale[r-1]`` is this one divided by :math:`\binom Dr`.
+
+    All orders are computed together in one KeOps formula by an O(D R) recurrence (not the
+    Newton–Girard power sums, which lose every digit of the high orders in float32: see
+    :func:`lazykern.formulas.interactions.elementary_symmetric` for the measurements), so memory
+    stays O((N + M) D): neither GPyTorch's R x D x N x N tensor nor N x M is formed.
+
+    Args:
+        base_kernel: the one-dimensional kernel, as for :class:`AdditiveStructureKernel` (lazykern's
+            or GPyTorch's RBF, Matérn, RQ or periodic kernel; ``ard_num_dims=num_dims`` for one
+            lengthscale per dimension).
+        num_dims: number of input dimensions D (after ``active_dims``).
+        max_degree: highest interaction order R, 1..D (default D: all orders).
+        active_dims: columns of the input to use.
+        component_scales: learn a positive weight :math:`s_d` per dimension (initialized to 1).
+        component_scales_constraint: constraint on :math:`s_d` (default ``Positive()``).
+        outputscale_constraint: constraint on :math:`\sigma_r^2` (default ``Positive()``).
+        outputscale_prior: optional prior on :math:`\sigma_r^2`.
+
+    The order variances :math:`\sigma_1^2, \dots, \sigma_R^2` are :attr:`outputscale`, shape
+    ``(*batch_shape, max_degree)``, initialized to :math:`1/R` each (so that :math:`k(x, x) = 1`).
+
+    Example:
+        >>> import torch, lazykern
+        >>> base = lazykern.kernels.RBFKernel(ard_num_dims=8)
+        >>> kernel = lazykern.kernels.NewtonGirardAdditiveKernel(base, num_dims=8, max_degree=3)
+        >>> kernel.outputscale.shape
+        torch.Size([3])
+        >>> x = torch.randn(1000, 8)
+        >>> (kernel(x) @ torch.ones(1000, 1)).shape   # one lazy reduction, all three orders
+        torch.Size([1000, 1])
+    """
+
+    def __init__(
+        self,
+        base_kernel: Kernel,
+        num_dims: int,
+        max_degree: int | None = None,
+        active_dims: tuple[int, ...] | None = None,
+        component_scales: bool = False,
+        component_scales_constraint: Interval | None = None,
+        outputscale_constraint: Interval | None = None,
+        outputscale_prior: Prior | None = None,
+    ) -> None:
+        super().__init__(base_kernel, num_dims, active_dims=active_dims, component_scales=component_scales,
+                         component_scales_constraint=component_scales_constraint)
+        self.max_degree = _check_max_degree(max_degree, num_dims)
+        self.formula = self._make_formula()
+        dtype = self._dtype()
+        self.register_parameter(
+            "raw_outputscale", torch.nn.Parameter(torch.zeros(*self.batch_shape, self.max_degree, dtype=dtype))
+        )
+        self.register_constraint("raw_outputscale",
+                                 Positive() if outputscale_constraint is None else outputscale_constraint)
+        if outputscale_prior is not None:
+            self.register_prior("outputscale_prior", outputscale_prior, lambda m: m.outputscale,
+                                lambda m, v: m._set_outputscale(v))
+        self.outputscale = torch.full((*self.batch_shape, self.max_degree), 1.0 / self.max_degree, dtype=dtype)
+
+    def _make_formula(self) -> InteractionFormula:
+        return InteractionFormula(formula_for(self.base_kernel, additive=False), self.max_degree)
+
+    def _dtype(self) -> torch.dtype:
+        return self.base_kernel.raw_lengthscale.dtype
+
+    @property
+    def outputscale(self) -> Tensor:
+        """Variance :math:`\\sigma_r^2` of each interaction order, shape ``(*batch_shape, max_degree)``."""
+        return self.raw_outputscale_constraint.transform(self.raw_outputscale)
+
+    @outputscale.setter
+    def outputscale(self, value: Tensor | float | Sequence[float]) -> None:
+        self._set_outputscale(value)
+
+    def _set_outputscale(self, value: Tensor | float | Sequence[float]) -> None:
+        value = torch.as_tensor(value).to(self.raw_outputscale)
+        self.initialize(raw_outputscale=self.raw_outputscale_constraint.inverse_transform(value))
+
+    def _inputs(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """Transformed inputs and the tensor parameters of :attr:`formula` but the scales and variances."""
+        return formula_inputs(self.base_kernel, x1, x2)
+
+    def term_scales(self) -> Tensor:
+        """The factors :math:`s_d` applied to the per-dimension terms, ``(*batch_shape, 1, num_dims)``."""
+        return self.component_scales
+
+    def forward(
+        self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params
+    ) -> LazyKernelOperator | Tensor:
+        check_no_last_dim_is_batch(self, last_dim_is_batch)
+        check_kernel_inputs(x1, x2, num_dims=self.num_dims, num_dims_name="num_dims", dtype=self._dtype())
+        x1_, x2_, tensor_params = self._inputs(x1, x2)
+        tensor_params["scales"] = self.term_scales()
+        tensor_params["order_variances"] = self.outputscale.unsqueeze(-2)
+        op = LazyKernelOperator(x1_, x2_, covar_func=self.formula, **tensor_params)
+        return op.diagonal(dim1=-2, dim2=-1) if diag else op
+
+
+class OrthogonalAdditiveKernel(NewtonGirardAdditiveKernel):
+    r"""Orthogonal additive kernel (OAK; Lu, Boukouvalas & Hensman, 2022), lazily.
+
+    The one-dimensional RBF kernel of each dimension is made orthogonal to a Gaussian input measure
+    :math:`p_d = \mathcal N(\mu_d, \delta_d^2)`: with :math:`m_d(x) = \int k_d(x, t)\, p_d(t)\, dt`
+    and :math:`v_d = \iint k_d\, p_d\, p_d`,
+
+    .. math::
+
+        \tilde k_d(x, y) = k_d(x, y) - \frac{m_d(x)\, m_d(y)}{v_d}
+        = e^{-\frac{(x - y)^2}{2 \ell_d^2}}
+          - \frac{\ell_d \sqrt{\ell_d^2 + 2\delta_d^2}}{\ell_d^2 + \delta_d^2}
+            \exp\Big(-\frac{(x - \mu_d)^2 + (y - \mu_d)^2}{2 (\ell_d^2 + \delta_d^2)}\Big),
+
+    so every function drawn from :math:`\tilde k_d` integrates to zero under :math:`p_d`. Each term
+    is divided by its average variance :math:`\bar v_d = \int \tilde k_d(x, x)\, p_d(x)\, dx`
+    (:func:`lazykern.formulas.interactions.orthogonal_rbf_variance`: a smooth term loses most of its
+    variance to the removed constant), and the orders are combined as in
+    :class:`NewtonGirardAdditiveKernel`:
+
+    .. math::
+
+        k(x, x') = \sum_{r=1}^R \sigma_r^2\, \tilde e_r\big(s_1 \tilde k_1 / \bar v_1, \dots,
+        s_D \tilde k_D / \bar v_D\big),
+
+    so that :math:`\sigma_r^2` is the prior variance of order r averaged over the input measure
+    (for unit :math:`s`), whatever the lengthscales. Components of
+    different subsets of dimensions are then orthogonal under :math:`p = \prod_d p_d`, which makes
+    them identifiable and gives closed-form Sobol indices
+    (:func:`lazykern.components.component_analysis`). The constant (order 0) is left to the GP's
+    mean. Everything is one KeOps formula; memory stays O((N + M) D).
+
+    Args:
+        num_dims: number of input dimensions D (after ``active_dims``).
+        max_degree: highest interaction order R, 1..D (default D).
+        input_measure: ``"gaussian"`` (the only measure with this closed form).
+        measure_mean, measure_std: :math:`\mu_d` and :math:`\delta_d`, a number or one per
+            dimension (default 0 and 1: standardized inputs). Fixed, not trained.
+        active_dims: columns of the input to use.
+        batch_shape: batch shape of the hyperparameters.
+        lengthscale_prior, lengthscale_constraint: of the per-dimension lengthscales :math:`\ell_d`.
+        component_scales, component_scales_constraint, outputscale_constraint, outputscale_prior:
+            as for :class:`NewtonGirardAdditiveKernel`.
+
+    Example:
+        >>> import torch, lazykern
+        >>> kernel = lazykern.kernels.OrthogonalAdditiveKernel(num_dims=5, max_degree=2)
+        >>> x = torch.randn(2000, 5)
+        >>> K = kernel(x)                      # lazy; K @ v is one KeOps reduction
+        >>> kernel.base_kernel.lengthscale.shape
+        torch.Size([1, 5])
+    """
+
+    is_stationary = False
+
+    def __init__(
+        self,
+        num_dims: int,
+        max_degree: int | None = None,
+        input_measure: str = "gaussian",
+        measure_mean: float | Tensor = 0.0,
+        measure_std: float | Tensor = 1.0,
+        active_dims: tuple[int, ...] | None = None,
+        batch_shape: torch.Size = torch.Size(),
+        lengthscale_prior: Prior | None = None,
+        lengthscale_constraint: Interval | None = None,
+        component_scales: bool = False,
+        component_scales_constraint: Interval | None = None,
+        outputscale_constraint: Interval | None = None,
+        outputscale_prior: Prior | None = None,
+    ) -> None:
+        if input_measure != "gaussian":
+            raise ValueError(f"input_measure must be 'gaussian', got {input_measure!r}")
+        check_positive_int("num_dims", num_dims)
+        base = RBFKernel(ard_num_dims=num_dims, batch_shape=batch_shape, lengthscale_prior=lengthscale_prior,
+                         lengthscale_constraint=lengthscale_constraint)
+        super().__init__(base, num_dims, max_degree, active_dims=active_dims, component_scales=component_scales,
+                         component_scales_constraint=component_scales_constraint,
+                         outputscale_constraint=outputscale_constraint, outputscale_prior=outputscale_prior)
+        self.input_measure = input_measure
+        self.register_buffer("measure_mean", self._per_dimension("measure_mean", measure_mean))
+        std = self._per_dimension("measure_std", measure_std)
+        if not bool((std > 0).all()):
+            raise ValueError("measure_std must be positive")
+        self.register_buffer("measure_std", std)
+
+    def _per_dimension(self, name: str, value: float | Tensor) -> Tensor:
+        value = torch.as_tensor(value, dtype=self._dtype())
+        if value.dim() > 1 or value.numel() not in (1, self.num_dims):
+            raise ValueError(f"{name} must be a number or {self.num_dims} numbers (one per dimension), "
+                             f"got shape {tuple(value.shape)}")
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{name} must be finite")
+        return value.reshape(-1).expand(self.num_dims).reshape(1, self.num_dims).clone()
+
+    def _make_formula(self) -> InteractionFormula:
+        return InteractionFormula(StationaryFormula("rbf"), self.max_degree, kind="orthogonal")
+
+    def term_scales(self) -> Tensor:
+        return self.component_scales / orthogonal_rbf_variance(self.base_kernel.lengthscale, self.measure_std)
+
+    def _inputs(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        features = lambda x: orthogonal_rbf_features(  # noqa: E731
+            x, self.base_kernel.lengthscale, self.measure_mean, self.measure_std)
+        x1_ = features(x1)
+        return x1_, x1_ if x2 is x1 else features(x2), {}
+
+
+class GroupAdditiveKernel(Kernel):
+    r"""A sum of one multi-dimensional base kernel over given groups of dimensions, lazily.
+
+    .. math::
+
+        k(x, x') = \sum_{g=1}^{G} s_g\, k_{\text{base}}(x_{G_g}, x'_{G_g})
+
+    Groups may overlap and have any sizes; a dimension's lengthscale is shared by the groups that
+    contain it. All groups are one KeOps formula: memory stays O((N + M) D).
+
+    Args:
+        base_kernel: lazykern's or GPyTorch's RBF, Matérn, RQ or periodic kernel, with a shared
+            lengthscale (``ard_num_dims`` unset) or one per dimension (``ard_num_dims=num_dims``).
+        groups: the groups, each a non-empty sequence of distinct column indices in ``0..num_dims-1``.
+        num_dims: number of input dimensions (after ``active_dims``; default: largest index + 1).
+        active_dims: columns of the input to use.
+        component_scales: learn a positive weight :math:`s_g` per group (initialized to 1).
+        component_scales_constraint: constraint on :math:`s_g` (default ``Positive()``).
+
+    Example:
+        >>> import torch, lazykern
+        >>> base = lazykern.kernels.RBFKernel(ard_num_dims=4)
+        >>> kernel = lazykern.kernels.GroupAdditiveKernel(base, groups=[(0, 1), (1, 2, 3)])
+        >>> kernel(torch.randn(10, 4)).shape
+        torch.Size([10, 10])
+    """
+
+    is_stationary = True
+
+    def __init__(
+        self,
+        base_kernel: Kernel,
+        groups: Sequence[Sequence[int]],
+        num_dims: int | None = None,
+        active_dims: tuple[int, ...] | None = None,
+        component_scales: bool = False,
+        component_scales_constraint: Interval | None = None,
+    ) -> None:
+        base = formula_for(base_kernel, additive=False)
+        groups = self._check_groups(groups)
+        largest = max(max(g) for g in groups)
+        if num_dims is None:
+            num_dims = largest + 1
+        check_positive_int("num_dims", num_dims)
+        if largest >= num_dims:
+            raise ValueError(f"groups use column {largest} but num_dims={num_dims}")
+        if active_dims is not None and len(active_dims) != num_dims:
+            raise ValueError(f"active_dims has {len(active_dims)} entries but num_dims={num_dims}")
+        if base_kernel.active_dims is not None:
+            raise ValueError("base_kernel.active_dims must be None: pass active_dims to GroupAdditiveKernel instead")
+        for name in ("lengthscale", "period_length"):
+            value = getattr(base_kernel, name, None)
+            if value is not None and value.shape[-1] not in (1, num_dims):
+                raise ValueError(f"base_kernel.{name} has {value.shape[-1]} entries: use ard_num_dims=None "
+                                 f"(shared) or ard_num_dims=num_dims={num_dims} (one per dimension)")
+        super().__init__(active_dims=active_dims, batch_shape=base_kernel.batch_shape)
+        self.base_kernel = base_kernel
+        self.groups = groups
+        self.num_dims = num_dims
+        self.formula = GroupFormula(base)
+        dtype = base_kernel.raw_lengthscale.dtype
+        membership = torch.zeros(len(groups), num_dims, dtype=dtype)
+        for g, dims in enumerate(groups):
+            membership[g, list(dims)] = 1
+        self.register_buffer("membership", membership.reshape(1, -1))
+        if component_scales:
+            self.register_parameter("raw_component_scales",
+                                    torch.nn.Parameter(torch.zeros(*self.batch_shape, 1, len(groups), dtype=dtype)))
+            self.register_constraint("raw_component_scales",
+                                     Positive() if component_scales_constraint is None else component_scales_constraint)
+            self.component_scales = torch.ones(*self.batch_shape, 1, len(groups), dtype=dtype)
+
+    @staticmethod
+    def _check_groups(groups: object) -> tuple[tuple[int, ...], ...]:
+        message = "groups must be a non-empty sequence of non-empty sequences of distinct non-negative column indices"
+        if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence) or not groups:
+            raise ValueError(f"{message}, got {groups!r}")
+        checked = []
+        for group in groups:
+            if isinstance(group, (str, bytes)) or not isinstance(group, Sequence) or not group:
+                raise ValueError(f"{message}, got group {group!r}")
+            bad = any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in group)
+            if bad or len(set(group)) != len(group):
+                raise ValueError(f"{message}, got group {group!r}")
+            checked.append(tuple(group))
+        return tuple(checked)
+
+    @property
+    def component_scales(self) -> Tensor:
+        """The per-group weights :math:`s_g`, shape ``(*batch_shape, 1, len(groups))``."""
+        if not hasattr(self, "raw_component_scales"):
+            ref = self.base_kernel.raw_lengthscale
+            return torch.ones(*self.batch_shape, 1, len(self.groups), dtype=ref.dtype, device=ref.device)
+        return self.raw_component_scales_constraint.transform(self.raw_component_scales)
+
+    @component_scales.setter
+    def component_scales(self, value: Tensor | float) -> None:
+        if not hasattr(self, "raw_component_scales"):
+            raise AttributeError("component_scales is fixed to 1: construct with component_scales=True")
+        value = torch.as_tensor(value).to(self.raw_component_scales)
+        self.initialize(raw_component_scales=self.raw_component_scales_constraint.inverse_transform(value))
+
+    def forward(
+        self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params
+    ) -> LazyKernelOperator | Tensor:
+        check_no_last_dim_is_batch(self, last_dim_is_batch)
+        check_kernel_inputs(x1, x2, num_dims=self.num_dims, num_dims_name="num_dims",
+                            dtype=self.base_kernel.raw_lengthscale.dtype)
+        x1_, x2_, tensor_params = formula_inputs(self.base_kernel, x1, x2)
+        tensor_params["membership"] = self.membership
+        tensor_params["scales"] = self.component_scales
+        op = LazyKernelOperator(x1_, x2_, covar_func=self.formula, **tensor_params)
+        return op.diagonal(dim1=-2, dim2=-1) if diag else op
+
+    def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
+        return self.base_kernel.prediction_strategy(train_inputs, train_prior_dist, train_labels, likelihood)

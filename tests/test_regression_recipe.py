@@ -1,0 +1,115 @@
+"""The regression job's kernels, initialization and optimizers (small problems, torch engine)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import lazykern
+from lazykern import regression, settings
+from lazykern.regression import build_model, fit_evaluate, initialize, make_kernel, train
+
+
+def test_kernel_names_and_max_degree():
+    assert {"additive-ng", "oak"} <= set(regression.KERNELS) and regression.DEFAULT_KERNEL in regression.KERNELS
+    ng = make_kernel("additive-ng", 6)
+    assert isinstance(ng, lazykern.kernels.NewtonGirardAdditiveKernel) and ng.max_degree == 6  # all orders
+    oak = make_kernel("oak", 6, max_degree=2)
+    assert isinstance(oak, lazykern.kernels.OrthogonalAdditiveKernel) and oak.outputscale.shape == (2,)
+    with pytest.raises(ValueError, match="max_degree applies to the additive-ng and oak kernels only"):
+        make_kernel("rbf-ard", 6, max_degree=2)
+    with pytest.raises(ValueError, match="max_degree must be at most num_dims=6"):
+        make_kernel("oak", 6, max_degree=7)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        make_kernel("ng", 6)
+    with pytest.raises(ValueError, match="max_degree applies to kernels given by name"):
+        build_model(torch.randn(5, 2), torch.randn(5), make_kernel("rbf-ard", 2), max_degree=2)
+
+
+@pytest.mark.parametrize(
+    "name, width",
+    [("rbf-ard", 16), ("gpytorch-rbf-ard", 16), ("additive-rbf", 1), ("additive-ng", 16), ("oak", 3)],
+)
+def test_lengthscales_start_at_the_root_of_the_dimensions_a_term_multiplies(name, width):
+    kernel = make_kernel(name, 16, max_degree=3 if name == "oak" else None)
+    initialize(kernel, 16)
+    inner = kernel.base_kernel if isinstance(kernel, lazykern.kernels.NewtonGirardAdditiveKernel) else kernel
+    base = inner.base_kernel if hasattr(inner, "base_kernel") else inner
+    base = base.base_kernel if hasattr(base, "base_kernel") else base
+    assert torch.allclose(base.lengthscale, torch.full_like(base.lengthscale, math.sqrt(width)))
+    model, likelihood = build_model(torch.randn(10, 16), torch.randn(10), name)
+    assert abs(likelihood.noise.item() - regression.INITIAL_NOISE) < 1e-6
+
+
+def test_group_kernel_starts_at_its_widest_group():
+    kernel = lazykern.kernels.GroupAdditiveKernel(lazykern.RBFKernel(ard_num_dims=5), [(0, 1), (1, 2, 3, 4)])
+    initialize(kernel, 5)
+    assert torch.allclose(kernel.base_kernel.lengthscale, torch.full((1, 5), 2.0))
+    with pytest.raises(TypeError, match="initialize knows"):
+        initialize(torch.nn.Identity(), 3)  # type: ignore[arg-type]
+
+
+def _relevant_two_of(d: int, n: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, dtype=torch.float64, generator=g)
+    y = torch.sin(2 * x[:, 0]) * x[:, 1] + 0.05 * torch.randn(n, dtype=torch.float64, generator=g)
+    return x, (y - y.mean()) / y.std()
+
+
+@pytest.mark.parametrize("optimizer, tolerance", [("lbfgs", 1e-4), ("adam", 1e-3)])
+def test_optimizers_converge_and_stop(optimizer, tolerance):
+    x, y = _relevant_two_of(4, 120, 0)
+    model, likelihood = build_model(x, y, "rbf-ard")
+    with settings.engine("torch"):
+        losses = train(model, likelihood, iters=300, optimizer=optimizer, tolerance=tolerance, progress=False)
+    assert losses[-1] < losses[0] - 5
+    assert len(losses) < 300, "stopped by convergence, not by the step limit"
+
+
+def test_train_rejects_bad_options():
+    model, likelihood = build_model(torch.randn(10, 2), torch.randn(10), "rbf-ard")
+    with pytest.raises(ValueError, match="optimizer must be one of auto, lbfgs, adam; got 'sgd'"):
+        train(model, likelihood, optimizer="sgd")
+    with pytest.raises(ValueError, match="tolerance must be a positive finite number, got 0"):
+        train(model, likelihood, tolerance=0)
+    with pytest.raises(ValueError, match="iters must be a positive int, got 0"):
+        train(model, likelihood, iters=0)
+
+
+def test_recipe_escapes_the_mean_predictor_in_many_dimensions():
+    """Two relevant inputs out of 24 (as pumadyn32nm): from GPyTorch's initial values the likelihood
+    slides to 'all noise'; from the dimension-aware start it finds the function."""
+    x, y = _relevant_two_of(24, 300, 1)
+    xt, yt = _relevant_two_of(24, 300, 2)
+    with settings.engine("torch"):
+        ours = fit_evaluate(x, y, xt, yt, kernel="rbf-ard", max_cholesky_size=1000, progress=False)
+        kernel = make_kernel("rbf-ard", 24)  # a module: GPyTorch's initial lengthscales
+        model, likelihood = build_model(x, y, kernel)
+        likelihood.noise = 0.6931  # and GPyTorch's initial noise
+        train(model, likelihood, iters=50, optimizer="adam", progress=False)
+        mean, var = regression.predict(model, likelihood, xt)
+    defaults_rmse = regression.gaussian_metrics(mean, var, yt)[0]
+    assert ours.rmse < 0.5, ours.rmse
+    assert defaults_rmse > 0.9, defaults_rmse
+
+
+@pytest.mark.parametrize("name, kind, orders", [("oak", "sobol", 3), ("additive-ng", "empirical", 3),
+                                                ("additive-rbf", "empirical", 1), ("rbf-ard", None, None)])
+def test_fit_evaluate_reports_shares_and_plots(name, kind, orders, tmp_path):
+    x, y = _relevant_two_of(3, 80, 3)
+    with settings.engine("torch"):
+        result = fit_evaluate(x, y, x, y, kernel=name, iters=20, max_cholesky_size=100, progress=False)
+    record = result.to_dict()
+    assert record["analysis_kind"] == kind and record["optimizer"] == "auto"
+    if kind is None:
+        assert record["order_shares"] is None
+        with pytest.raises(ValueError, match="no component analysis for kernel 'rbf-ard'"):
+            regression.plot_components(result, tmp_path / "c.png")
+        return
+    assert len(record["order_shares"]) == orders and abs(sum(record["order_shares"]) - 1) < 1e-9
+    assert len(record["dimension_shares"]) == 3
+    assert record["max_degree"] == (orders if name != "additive-rbf" else None)
+    path = regression.plot_components(result, tmp_path / "c.png", title=name)
+    assert path.stat().st_size > 0
