@@ -160,7 +160,10 @@ class _RowBlocks(torch.autograd.Function):
 def _torch_rowwise(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor | None) -> Tensor:
     names = tuple(params)
     tensors = tuple(params.values()) + (() if rhs is None else (rhs,))
-    step = rows_per_chunk(x2.shape[-2], x2.shape[-1], x2.element_size())
+    # A formula that multiplies matrices instead of broadcasting (the NTK's) says how many numbers
+    # it holds per pair; the default is the broadcast rows x M x D of a distance-based formula.
+    width = getattr(formula, "pair_width", x2.shape[-1])
+    step = rows_per_chunk(x2.shape[-2], width, x2.element_size())
     return _RowBlocks.apply(formula, names, step, x1, x2, *tensors)
 
 

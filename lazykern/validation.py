@@ -25,6 +25,20 @@ def check_floating_matrix(name: str, x: object, *, min_dim: int = 2) -> Tensor:
     return x
 
 
+def check_samples(name: str, x: object, *, min_dim: int = 1) -> Tensor:
+    """``x`` must be a non-empty tensor of samples with at least ``min_dim`` dimensions, finite if
+    floating. Any dtype (integer token ids included): the model it feeds decides what it accepts."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < min_dim:
+        raise ValueError(f"{name} must have at least {min_dim} dimensions (samples first), got shape {tuple(x.shape)}")
+    if x.numel() == 0:
+        raise ValueError(f"{name} must not be empty, got shape {tuple(x.shape)}")
+    if (x.is_floating_point() or x.is_complex()) and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return x
+
+
 def check_kernel_inputs(
     x1: object,
     x2: object,

@@ -1,0 +1,343 @@
+r"""NTK blocks, products, diagonals and entries from per-layer features, on the kernels' engine.
+
+Every pairwise sum runs through :mod:`lazykern.backend` (``pairwise_matmul``, ``pairwise_dense``,
+``elementwise``) with an :class:`~lazykern.formulas.ntk.NTKFormula` over concatenated row features;
+the NTK backend ``"keops"`` or ``"dense"`` selects backend's KeOps or chunked torch engine. Rows are:
+
+* trace mode: (sample, token), features :math:`[a_t \mid \operatorname{vec}_o g_{o,t}]` per term; the
+  sum over token pairs is the sum of the row results over each sample's tokens;
+* full-mode products: (sample, token) with features :math:`a_t` only; the kernel
+  :math:`s(a_t, a'_{t'})` multiplies :math:`u_{t'} = \sum_{o'} v_{o'} g'_{o',t'}`, and
+  :math:`(\Theta v)_o = \sum_t \langle g_{o,t}, w_t\rangle`;
+* full-mode blocks: (sample, output, token), features :math:`[a_t \mid g_{o,t}]` (one-token terms
+  multiply the sample block of :math:`s(a, a')` with the (sample, output) block of
+  :math:`\langle g, g'\rangle`, which avoids repeating :math:`s` for every output pair).
+
+Explicit terms are low rank: products are :math:`E_1 (E_2^\top V)`, blocks :math:`E_1 E_2^\top`.
+Sparse (embedding) terms group equal tokens: products scatter :math:`g'_{t'} v` into one row per
+distinct token and gather it back; blocks visit only the pairs of equal tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import backend, settings
+from ..formulas.ntk import NTKFormula, NTKPart
+from ..keops import padded_size
+from .features import batch_bytes
+from .terms import Explicit, Implicit, Sparse, Term, index_terms
+
+__all__ = ["engine", "dense", "matmul", "diagonal", "entries"]
+
+def engine(name: str) -> contextlib.AbstractContextManager:
+    """The backend engine of an NTK backend: KeOps for ``"keops"``, the chunked torch engine else."""
+    return settings.engine("keops" if name == "keops" else "torch")
+
+
+def _num(terms: list[Term]) -> int:
+    t = terms[0]
+    return (t.e if isinstance(t, Explicit) else t.g).shape[0]
+
+
+def _outputs(terms: list[Term]) -> int:
+    t = terms[0]
+    return (t.e if isinstance(t, Explicit) else t.g).shape[1]
+
+
+def _pad(t: Tensor, pad: bool) -> Tensor:
+    return F.pad(t, (0, padded_size(t.shape[-1]) - t.shape[-1])) if pad else t
+
+
+def _rows(terms: list[Term], mode: str, pad: bool = False, with_g: bool = True) -> tuple[Tensor, NTKFormula]:
+    """Row features ``(N, R, T, D)`` of terms sharing a token count, and their formula.
+
+    ``R`` is 1 (trace mode, or ``with_g=False``) or ``k`` (full mode). Explicit terms (one token)
+    enter trace-mode rows as parts without first factor.
+    """
+    cols: list[Tensor] = []
+    parts: list[NTKPart] = []
+    offset = 0
+
+    def add(t: Tensor) -> tuple[int, int]:
+        nonlocal offset
+        cols.append(t)
+        offset += t.shape[-1]
+        return (offset - t.shape[-1], offset)
+
+    reps = 1 if mode == "trace" or not with_g else _outputs(terms)
+    for term in terms:
+        if isinstance(term, Explicit):
+            e = _pad(term.e.flatten(1), pad)
+            parts.append(NTKPart(None, add(e[:, None, None, :]), "one"))
+            continue
+        n, k, t, h = term.g.shape
+        a = term.a if term.similarity == "equal" else _pad(term.a, pad)
+        a_range = add(a[:, None].expand(n, reps, t, a.shape[-1]))
+        g_range = None
+        if with_g:
+            g = term.g.permute(0, 2, 1, 3).reshape(n, 1, t, k * h) if mode == "trace" else term.g
+            g_range = add(_pad(g, pad))
+        parts.append(NTKPart(a_range, g_range, term.similarity))
+    return torch.cat(cols, dim=-1), NTKFormula(tuple(parts))
+
+
+def _dot(width: int) -> NTKFormula:
+    return NTKFormula((NTKPart(None, (0, width), "one"),))
+
+
+def _chunks(n: int, per_sample_bytes: int) -> Iterator[slice]:
+    step = max(1, batch_bytes() // max(1, per_sample_bytes))
+    for s in range(0, n, step):
+        yield slice(s, min(n, s + step))
+
+
+def _groups(terms: list[Term], explicit_with_one_token: bool) -> dict[object, list[int]]:
+    """Term indices by how they are evaluated: token count (implicit), "explicit", "sparse"."""
+    groups: dict[object, list[int]] = {}
+    for i, t in enumerate(terms):
+        if isinstance(t, Sparse):
+            key: object = "sparse"
+        elif isinstance(t, Explicit):
+            key = 1 if explicit_with_one_token else "explicit"
+        else:
+            key = t.tokens
+        groups.setdefault(key, []).append(i)
+    return groups
+
+
+def _explicit(terms: list[Term], idx: list[int], flat: bool) -> Tensor:
+    e = torch.cat([terms[i].e for i in idx], dim=-1)  # (N, k, P)
+    return e.flatten(1) if flat else e.reshape(-1, e.shape[-1])
+
+
+# ------------------------------------------------------------------------------ blocks
+def dense(f1: list[Term], f2: list[Term], mode: str) -> Tensor:
+    r"""The block :math:`\Theta(x^{(1)}, x^{(2)})`: ``(N1, N2)`` (trace) or ``(N1 k, N2 k)`` (full)."""
+    n1, n2, k = _num(f1), _num(f2), _outputs(f1)
+    ref = f1[0].e if isinstance(f1[0], Explicit) else f1[0].g
+    item = ref.element_size()
+    if mode == "trace":
+        out = ref.new_zeros(n1, n2)
+        for key, idx in _groups(f1, True).items():
+            if key == "sparse":
+                for i in idx:
+                    out = out + _sparse_dense(f1[i], f2[i], mode)
+                continue
+            x1, formula = _rows([f1[i] for i in idx], mode)
+            x2, _ = _rows([f2[i] for i in idx], mode)
+            t = x1.shape[2]
+            x2 = x2.reshape(n2 * t, -1)
+            for rows in _chunks(n1, t * t * n2 * item):
+                block = backend.pairwise_dense(formula, x1[rows].reshape(-1, x2.shape[-1]), x2, {})
+                out[rows] += block.reshape(-1, t, n2, t).sum((1, 3))
+        return out
+    out = ref.new_zeros(n1, k, n2, k)
+    for key, idx in _groups(f1, False).items():
+        if key == "sparse":
+            for i in idx:
+                out = out + _sparse_dense(f1[i], f2[i], mode)
+        elif key == "explicit":
+            e1, e2 = _explicit(f1, idx, False), _explicit(f2, idx, False)
+            for rows in _chunks(n1, k * k * n2 * item):
+                block = backend.pairwise_dense(_dot(e1.shape[-1]), e1.view(n1, k, -1)[rows].flatten(0, 1), e2, {})
+                out[rows] += block.view(-1, k, n2, k)
+        elif key == 1:
+            for i in idx:
+                a1, a2, g1, g2 = f1[i].a[:, 0], f2[i].a[:, 0], f1[i].g[:, :, 0], f2[i].g[:, :, 0]
+                similarity = NTKFormula((NTKPart((0, a1.shape[-1]), None, f1[i].similarity),))
+                g2r = g2.reshape(n2 * k, -1)
+                for rows in _chunks(n1, (k * k + 1) * n2 * item):
+                    aa = backend.pairwise_dense(similarity, a1[rows], a2, {})
+                    gg = backend.pairwise_dense(_dot(g2r.shape[-1]), g1[rows].flatten(0, 1), g2r, {})
+                    out[rows] += aa[:, None, :, None] * gg.view(-1, k, n2, k)
+        else:
+            t = key
+            x1, formula = _rows([f1[i] for i in idx], mode)
+            x2, _ = _rows([f2[i] for i in idx], mode)
+            x2 = x2.reshape(n2 * k * t, -1)
+            for rows in _chunks(n1, k * k * t * t * n2 * item):
+                block = backend.pairwise_dense(formula, x1[rows].reshape(-1, x2.shape[-1]), x2, {})
+                out[rows] += block.reshape(-1, k, t, n2, k, t).sum((2, 5))
+    return out.reshape(n1 * k, n2 * k)
+
+
+# ------------------------------------------------------------------------------ products
+def matmul(f1: list[Term], f2: list[Term], rhs: Tensor, mode: str, engine_name: str) -> Tensor:
+    r""":math:`\Theta V` with ``rhs`` ``(N2, C)`` (trace) or ``(N2 k, C)`` (full, row ``j k + o``)."""
+    n1, n2, k, c = _num(f1), _num(f2), _outputs(f1), rhs.shape[-1]
+    pad = engine_name == "keops"
+    if mode == "trace":
+        out = rhs.new_zeros(n1, c)
+        for key, idx in _groups(f1, False).items():
+            if key == "explicit":
+                e1, e2 = _explicit(f1, idx, True), _explicit(f2, idx, True)
+                out = out + e1 @ (e2.T @ rhs)
+            elif key == "sparse":
+                for i in idx:
+                    out = out + _sparse_matmul(f1[i], f2[i], rhs, mode)
+            else:
+                t = key
+                x1, formula = _rows([f1[i] for i in idx], mode, pad)
+                x2, _ = _rows([f2[i] for i in idx], mode, pad)
+                with engine(engine_name):
+                    w = backend.pairwise_matmul(
+                        formula, x1.reshape(n1 * t, -1), x2.reshape(n2 * t, -1), {}, rhs.repeat_interleave(t, dim=0)
+                    )
+                out = out + w.view(n1, t, c).sum(1)
+        return out
+    v = rhs.view(n2, k, c)
+    out = rhs.new_zeros(n1, k, c)
+    for key, idx in _groups(f1, False).items():
+        if key == "explicit":
+            e1, e2 = _explicit(f1, idx, False), _explicit(f2, idx, False)
+            out = out + (e1 @ (e2.T @ rhs)).view(n1, k, c)
+        elif key == "sparse":
+            for i in idx:
+                out = out + _sparse_matmul(f1[i], f2[i], rhs, mode)
+        else:
+            for i in idx:
+                t1, t2 = f1[i], f2[i]
+                t, h = t1.g.shape[2], t1.g.shape[3]
+                u = torch.einsum("jotH,joc->jtHc", t2.g, v).reshape(n2 * t, h * c)
+                a1, formula = _rows([t1], mode, pad, with_g=False)
+                a2, _ = _rows([t2], mode, pad, with_g=False)
+                with engine(engine_name):
+                    w = backend.pairwise_matmul(formula, a1.reshape(n1 * t, -1), a2.reshape(n2 * t, -1), {}, u)
+                out = out + torch.einsum("iotH,itHc->ioc", t1.g, w.view(n1, t, h, c))
+    return out.reshape(n1 * k, c)
+
+
+# ------------------------------------------------------------------------------ diagonal, entries
+def _pairs_within(terms1: list[Term], terms2: list[Term], mode: str, k_index: tuple[Tensor, Tensor] | None) -> Tensor:
+    """Per row, the kernel between row ``i`` of side 1 and row ``i`` of side 2 (all token pairs)."""
+    total = None
+    explicit = [i for i, t in enumerate(terms1) if isinstance(t, Explicit)]
+    if explicit:
+        e1, e2 = (torch.cat([ts[i].e for i in explicit], dim=-1) for ts in (terms1, terms2))
+        if k_index is not None:
+            e1, e2 = e1[torch.arange(e1.shape[0]), k_index[0]], e2[torch.arange(e2.shape[0]), k_index[1]]
+            total = (e1 * e2).sum(-1)
+        else:
+            total = (e1 * e2).sum(-1) if mode == "full" else (e1 * e2).sum((-1, -2))
+    rest1 = [t.as_implicit() if isinstance(t, Sparse) else t for t in terms1 if not isinstance(t, Explicit)]
+    rest2 = [t.as_implicit() if isinstance(t, Sparse) else t for t in terms2 if not isinstance(t, Explicit)]
+    by_tokens: dict[int, list[int]] = {}
+    for i, t in enumerate(rest1):
+        by_tokens.setdefault(t.tokens, []).append(i)
+    for idx in by_tokens.values():
+        x1, formula = _rows([rest1[i] for i in idx], mode)
+        x2, _ = _rows([rest2[i] for i in idx], mode)
+        if k_index is not None:  # one output per row
+            x1, x2 = x1[torch.arange(x1.shape[0]), k_index[0]], x2[torch.arange(x2.shape[0]), k_index[1]]
+        else:
+            x1, x2 = (x.squeeze(1) if mode == "trace" else x for x in (x1, x2))
+        value = backend.elementwise(formula, x1.unsqueeze(-2), x2.unsqueeze(-3), {}).sum((-1, -2))
+        total = value if total is None else total + value
+    return total
+
+
+def _by_sample(n: int, terms: list[Term], mode: str, fn) -> Tensor:
+    """``fn`` over runs of rows whose token-pair blocks fit the block budget, joined."""
+    reps = _outputs(terms) if mode == "full" else 1
+    per_row = sum(reps * t.g.shape[2] ** 2 * t.g.element_size() for t in terms if not isinstance(t, Explicit))
+    return torch.cat([fn(rows) for rows in _chunks(n, per_row)])
+
+
+def diagonal(f1: list[Term], f2: list[Term], mode: str) -> Tensor:
+    r""":math:`\Theta(x^{(1)}_i, x^{(2)}_i)` for each ``i``: ``(N k,)`` (full) or ``(N,)`` (trace)."""
+    n = _num(f1)
+    return _by_sample(
+        n, f1, mode, lambda rows: _pairs_within(index_terms(f1, rows), index_terms(f2, rows), mode, None).reshape(-1)
+    )
+
+
+def entries(f1: list[Term], f2: list[Term], rows: Tensor, cols: Tensor, mode: str) -> Tensor:
+    """Gathered entries ``Theta[rows, cols]`` (broadcast index tensors of operator positions)."""
+    k = _outputs(f1) if mode == "full" else 1
+    shape = rows.shape
+    rows, cols = rows.reshape(-1), cols.reshape(-1)
+
+    def part(sel: slice) -> Tensor:
+        r, c = rows[sel], cols[sel]
+        t1, t2 = index_terms(f1, r // k), index_terms(f2, c // k)
+        return _pairs_within(t1, t2, mode, (r % k, c % k) if mode == "full" else None)
+
+    return _by_sample(rows.shape[0], f1, mode, part).reshape(shape)
+
+
+# ------------------------------------------------------------------------------ sparse (embedding)
+def _token_rows(s: Sparse) -> tuple[Tensor, Tensor]:
+    n, k, t, h = s.g.shape
+    return s.ids.reshape(-1), s.g.permute(0, 2, 1, 3).reshape(n * t, k, h)
+
+
+def _sparse_dense(s1: Sparse, s2: Sparse, mode: str) -> Tensor:
+    r"""Only the pairs of equal tokens: :math:`\sum_{t,t': \text{tok}_t = \text{tok}'_{t'}} \langle g_t, g'_{t'}\rangle`."""
+    n1, k, t1, _ = s1.g.shape
+    n2, t2 = s2.g.shape[0], s2.g.shape[2]
+    ids1, g1 = _token_rows(s1)
+    ids2, g2 = _token_rows(s2)
+    order = torch.argsort(ids2)
+    sorted2 = ids2[order]
+    lo = torch.searchsorted(sorted2, ids1)
+    counts = torch.searchsorted(sorted2, ids1, right=True) - lo
+    width = k * k if mode == "full" else 1
+    acc = g1.new_zeros(n1 * n2, width)
+    starts = torch.cumsum(counts, 0) - counts
+    # visit token rows of side 1 in runs whose matched pairs fit the block budget
+    budget = max(1, batch_bytes() // (g1.element_size() * 2 * g1[0].numel()))
+    r = 0
+    total_rows = ids1.shape[0]
+    cum = torch.cumsum(counts, 0)
+    while r < total_rows:
+        base = 0 if r == 0 else int(cum[r - 1])
+        stop = int(torch.searchsorted(cum, torch.tensor(base + budget, device=cum.device), right=True))
+        stop = min(total_rows, max(stop, r + 1))
+        cnt = counts[r:stop]
+        m = int(cnt.sum())
+        if m:
+            local = torch.repeat_interleave(torch.arange(r, stop, device=ids1.device), cnt)
+            offs = torch.arange(m, device=ids1.device) - (starts[local] - base)
+            other = order[lo[local] + offs]
+            a, b = g1[local], g2[other]
+            vals = torch.einsum("mkh,mqh->mkq", a, b).reshape(m, width) if mode == "full" else (a * b).sum((1, 2))[:, None]
+            dest = (local // t1) * n2 + other // t2
+            acc = acc.index_add(0, dest, vals) if vals.requires_grad else acc.index_add_(0, dest, vals)
+        r = stop
+    if mode == "trace":
+        return acc.view(n1, n2)
+    return acc.view(n1, n2, k, k).permute(0, 2, 1, 3)
+
+
+def _sparse_matmul(s1: Sparse, s2: Sparse, rhs: Tensor, mode: str) -> Tensor:
+    """Scatter :math:`g'_{t'} v` into one row per distinct token of side 2, gather at side 1's tokens."""
+    n1, k, t1, h = s1.g.shape
+    n2, t2 = s2.g.shape[0], s2.g.shape[2]
+    ids1, g1 = _token_rows(s1)
+    ids2, g2 = _token_rows(s2)
+    distinct, inverse = torch.unique(ids2, return_inverse=True)
+    pos = torch.searchsorted(distinct, ids1).clamp(max=distinct.shape[0] - 1)
+    found = (distinct[pos] == ids1).to(rhs.dtype)
+    width = k * h if mode == "trace" else h
+    per_column = (ids1.shape[0] + ids2.shape[0] + distinct.shape[0]) * width * rhs.element_size()
+    blocks = []
+    for cols in _chunks(rhs.shape[-1], per_column):
+        r = rhs[:, cols]
+        c = r.shape[-1]
+        if mode == "trace":  # table[u] = sum over rows with token u of g (k, H) times v of their sample
+            u = torch.einsum("rkh,rc->rkhc", g2, r.repeat_interleave(t2, dim=0)).reshape(-1, width, c)
+        else:  # table[u] = sum over rows with token u of sum_o' v_o' g_o' (H)
+            u = torch.einsum("rkh,rkc->rhc", g2, r.view(n2, k, c).repeat_interleave(t2, dim=0))
+        table = u.new_zeros(distinct.shape[0], width, c).index_add(0, inverse, u)
+        gathered = table[pos] * found[:, None, None]
+        if mode == "trace":
+            blocks.append(torch.einsum("rw,rwc->rc", g1.reshape(-1, width), gathered).view(n1, t1, c).sum(1))
+        else:
+            blocks.append(torch.einsum("rkh,rhc->rkc", g1, gathered).view(n1, t1, k, c).sum(1))
+    return torch.cat(blocks, dim=-1)
