@@ -28,7 +28,7 @@ from .. import settings
 from .rules import Capture, FallbackRule, Piece, Rule, rule_for
 from .terms import Term, cat_terms, map_terms
 
-__all__ = ["Unit", "Network", "check_network", "inspect_network", "stream", "extract", "substituted", "batch_bytes"]
+__all__ = ["Unit", "Network", "check_network", "inspect_network", "stream", "extract", "substituted", "piece_terms", "batch_bytes"]
 
 
 def batch_bytes() -> int:
@@ -331,7 +331,9 @@ def _local(params: dict[str, Tensor], layer: str) -> dict[str, Tensor]:
     return {n[len(prefix) :]: t for n, t in params.items() if n.startswith(prefix)}
 
 
-def _batch_terms(net: Network, recorder: _Recorder, call: dict[str, Tensor], x: Tensor, differentiable: bool) -> list[Term]:
+def _batch_terms(
+    net: Network, recorder: _Recorder, call: dict[str, Tensor], x: Tensor, differentiable: bool
+) -> list[list[Term]]:
     k, n = net.num_outputs, x.shape[0]
     out = _flat_outputs(recorder.run(net.model, call, x), n)
     records = recorder.records
@@ -343,7 +345,7 @@ def _batch_terms(net: Network, recorder: _Recorder, call: dict[str, Tensor], x: 
         torch.autograd.grad(out, wanted, grad_outputs=cot, is_grads_batched=True, create_graph=differentiable,
                             allow_unused=True)
     )
-    terms: list[Term] = []
+    terms: list[list[Term]] = []
     for u in net.units:
         cots = []
         for c in records[u.name]:
@@ -351,7 +353,7 @@ def _batch_terms(net: Network, recorder: _Recorder, call: dict[str, Tensor], x: 
             cots.append(torch.zeros((k, *c.z.shape), dtype=c.z.dtype, device=c.z.device) if g is None else g)
         terms += u.rule.terms(records[u.name], cots, u.axes, u.pieces, _local(call, u.name))
     if not differentiable:
-        terms = map_terms(terms, Tensor.detach)
+        terms = [map_terms(t, Tensor.detach) for t in terms]
     return terms
 
 
@@ -373,7 +375,14 @@ def stream(
         for start in range(0, n, step):
             rows = slice(start, min(n, start + step))
             xb = x[rows] if differentiable else x[rows].detach()
-            consume(rows, _batch_terms(net, recorder, call, xb, differentiable))
+            consume(rows, [t for piece in _batch_terms(net, recorder, call, xb, differentiable) for t in piece])
+
+
+def piece_terms(net: Network, tensors: dict[str, Tensor], x: Tensor) -> list[list[Term]]:
+    """The features of ``x`` (one batch) per piece of ``net.pieces``: what the plan describes."""
+    recorder = _Recorder([u.rule for u in net.units])
+    with recorder.recording(), torch.enable_grad():
+        return _batch_terms(net, recorder, call_params(net.model, tensors, net.trainable), x, False)
 
 
 def extract(net: Network, tensors: dict[str, Tensor], x: Tensor, *, differentiable: bool = False) -> list[Term]:

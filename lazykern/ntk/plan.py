@@ -168,10 +168,12 @@ def choose_backend(plan: NTKPlan, n1: int, n2: int, num_rhs: int, features_cache
 
     .. math::
 
-        t_\text{dense/keops} = \frac{(N_1 + N_2)\, w_\text{extract}}{R_\text{network}}
-            + \frac{W_\text{pairwise}(C)}{R_\text{dense/keops}} + \frac{W_\text{low rank}(C)}{R_\text{dense}},
+        t_\text{dense} = \frac{(N_1 + N_2)\, w_\text{extract}}{R_\text{network}} + \frac{W(C)}{R_\text{dense}},
         \qquad
-        t_\text{linearized} = \frac{4 (N_1 + N_2)\, w_\text{forward}\, C\, (k \text{ in trace mode})}{R_\text{network}},
+        t_\text{keops} = \frac{(N_1 + N_2)\, w_\text{extract}}{R_\text{network}}
+            + \frac{W_\text{pairwise}(C)}{R_\text{keops}} + \frac{W_\text{low rank}(C)}{R_\text{dense}},
+
+        t_\text{linearized} = \frac{\big(4 (N_1 + N_2)\, w_\text{forward} + 6 P\big)\, C\, (k \text{ in trace mode})}{R_\text{network}},
 
     the extraction term only when the features are not cached. The feature backends are
     candidates only when the features of both sides fit :class:`lazykern.settings.max_dense_bytes`,
@@ -183,15 +185,18 @@ def choose_backend(plan: NTKPlan, n1: int, n2: int, num_rhs: int, features_cache
     columns = num_rhs * (plan.outputs if mode == "trace" else 1)
     times: dict[str, float] = {}
     fits = features_cached or plan.feature_bytes(samples) <= settings.max_dense_bytes.value()
-    pairwise = sum(p.matmul_macs(mode, n1, n2, num_rhs) for p in plan.pieces if p.form == "implicit")
-    low_rank = sum(p.matmul_macs(mode, n1, n2, num_rhs) for p in plan.pieces if p.form != "implicit")
+    dense = sum(p.matmul_macs(mode, n1, n2, num_rhs) for p in plan.pieces)
     rates = measured_rates(device, plan.dtype, keops=False)
-    times["linearized"] = 4 * (n1 + n2) * plan.forward_macs * columns / rates.network
+    # per column: a pull-back and a push-forward through the network, each filling a gradient buffer per parameter
+    params = sum(p.params for p in plan.pieces)
+    times["linearized"] = (4 * (n1 + n2) * plan.forward_macs + 6 * params) * columns / rates.network
     if fits:
         extraction = 0.0 if features_cached else samples * plan.extraction_macs / rates.network
-        times["dense"] = extraction + (pairwise + low_rank) / rates.dense
+        times["dense"] = extraction + dense / rates.dense
+        pairwise = sum(p.matmul_macs(mode, n1, n2, num_rhs, pairwise=True) for p in plan.pieces if p.form == "implicit")
         # KeOps can only repay its probe (and a reduction's launch) on products that take a while
         if pairwise / rates.dense > KEOPS_CANDIDATE_SECONDS:
             rates = measured_rates(device, plan.dtype, keops=True)
+            low_rank = sum(p.matmul_macs(mode, n1, n2, num_rhs) for p in plan.pieces if p.form != "implicit")
             times["keops"] = extraction + pairwise / rates.keops + low_rank / rates.dense
     return min(times, key=times.get)

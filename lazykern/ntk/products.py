@@ -31,6 +31,7 @@ from .. import backend, settings
 from ..formulas.ntk import NTKFormula, NTKPart
 from ..keops import padded_size
 from .features import batch_bytes
+from .rules import implicit_matmul_macs
 from .terms import Explicit, Implicit, Sparse, Term, index_terms
 
 __all__ = ["engine", "dense", "matmul", "diagonal", "entries"]
@@ -169,48 +170,94 @@ def dense(f1: list[Term], f2: list[Term], mode: str) -> Tensor:
 
 # ------------------------------------------------------------------------------ products
 def matmul(f1: list[Term], f2: list[Term], rhs: Tensor, mode: str, engine_name: str) -> Tensor:
-    r""":math:`\Theta V` with ``rhs`` ``(N2, C)`` (trace) or ``(N2 k, C)`` (full, row ``j k + o``)."""
+    r""":math:`\Theta V` with ``rhs`` ``(N2, C)`` (trace) or ``(N2 k, C)`` (full, row ``j k + o``).
+
+    Implicit terms run pairwise (always on KeOps, ``engine_name="keops"``) or factored through
+    the layer's weight-gradient space, whichever :func:`~lazykern.ntk.rules.implicit_matmul_macs`
+    predicts cheaper; explicit and sparse terms are low rank.
+    """
     n1, n2, k, c = _num(f1), _num(f2), _outputs(f1), rhs.shape[-1]
     pad = engine_name == "keops"
-    if mode == "trace":
-        out = rhs.new_zeros(n1, c)
-        for key, idx in _groups(f1, False).items():
-            if key == "explicit":
-                e1, e2 = _explicit(f1, idx, True), _explicit(f2, idx, True)
-                out = out + e1 @ (e2.T @ rhs)
-            elif key == "sparse":
-                for i in idx:
-                    out = out + _sparse_matmul(f1[i], f2[i], rhs, mode)
+    out = rhs.new_zeros(n1, k, c) if mode == "full" else rhs.new_zeros(n1, c)
+    explicit, pairwise = [], []
+    for i, (t1, t2) in enumerate(zip(f1, f2)):
+        if isinstance(t1, Explicit):
+            explicit.append(i)
+        elif isinstance(t1, Sparse):
+            out = out + _sparse_matmul(t1, t2, rhs, mode)
+        else:
+            n, kk, t, h = t1.g.shape
+            costs = implicit_matmul_macs(mode, n1, n2, t, t1.a.shape[-1], h, kk, c, t1.similarity == "equal")
+            if engine_name == "keops" or costs["pairwise"] < costs["factored"]:
+                pairwise.append(i)
+            elif t1.similarity == "equal":
+                out = out + _sparse_matmul(_as_sparse(t1), _as_sparse(t2), rhs, mode)
             else:
-                t = key
-                x1, formula = _rows([f1[i] for i in idx], mode, pad)
-                x2, _ = _rows([f2[i] for i in idx], mode, pad)
-                with engine(engine_name):
-                    w = backend.pairwise_matmul(
-                        formula, x1.reshape(n1 * t, -1), x2.reshape(n2 * t, -1), {}, rhs.repeat_interleave(t, dim=0)
-                    )
-                out = out + w.view(n1, t, c).sum(1)
+                out = out + _factored_matmul(t1, t2, rhs, mode)
+    if explicit:
+        e1, e2 = _explicit(f1, explicit, mode == "trace"), _explicit(f2, explicit, mode == "trace")
+        out = out + (e1 @ (e2.T @ rhs)).view(out.shape)
+    if mode == "trace":
+        by_tokens: dict[int, list[int]] = {}
+        for i in pairwise:
+            by_tokens.setdefault(f1[i].tokens, []).append(i)
+        for t, idx in by_tokens.items():
+            x1, formula = _rows([f1[i] for i in idx], mode, pad)
+            x2, _ = _rows([f2[i] for i in idx], mode, pad)
+            with engine(engine_name):
+                w = backend.pairwise_matmul(
+                    formula, x1.reshape(n1 * t, -1), x2.reshape(n2 * t, -1), {}, rhs.repeat_interleave(t, dim=0)
+                )
+            out = out + w.view(n1, t, c).sum(1)
         return out
     v = rhs.view(n2, k, c)
-    out = rhs.new_zeros(n1, k, c)
-    for key, idx in _groups(f1, False).items():
-        if key == "explicit":
-            e1, e2 = _explicit(f1, idx, False), _explicit(f2, idx, False)
-            out = out + (e1 @ (e2.T @ rhs)).view(n1, k, c)
-        elif key == "sparse":
-            for i in idx:
-                out = out + _sparse_matmul(f1[i], f2[i], rhs, mode)
-        else:
-            for i in idx:
-                t1, t2 = f1[i], f2[i]
-                t, h = t1.g.shape[2], t1.g.shape[3]
-                u = torch.einsum("jotH,joc->jtHc", t2.g, v).reshape(n2 * t, h * c)
-                a1, formula = _rows([t1], mode, pad, with_g=False)
-                a2, _ = _rows([t2], mode, pad, with_g=False)
-                with engine(engine_name):
-                    w = backend.pairwise_matmul(formula, a1.reshape(n1 * t, -1), a2.reshape(n2 * t, -1), {}, u)
-                out = out + torch.einsum("iotH,itHc->ioc", t1.g, w.view(n1, t, h, c))
+    for i in pairwise:
+        t1, t2 = f1[i], f2[i]
+        t, h = t1.g.shape[2], t1.g.shape[3]
+        u = torch.einsum("jotH,joc->jtHc", t2.g, v).reshape(n2 * t, h * c)
+        a1, formula = _rows([t1], mode, pad, with_g=False)
+        a2, _ = _rows([t2], mode, pad, with_g=False)
+        with engine(engine_name):
+            w = backend.pairwise_matmul(formula, a1.reshape(n1 * t, -1), a2.reshape(n2 * t, -1), {}, u)
+        out = out + torch.einsum("iotH,itHc->ioc", t1.g, w.view(n1, t, h, c))
     return out.reshape(n1 * k, c)
+
+
+def _as_sparse(term: Implicit) -> Sparse:
+    return Sparse(term.a[..., 0].round().long(), term.g)
+
+
+def _factored_matmul(t1: Implicit, t2: Implicit, rhs: Tensor, mode: str) -> Tensor:
+    r"""One implicit term's product through its weight-gradient space: :math:`M = \sum_{j,t}
+    u_{jt} \otimes \tilde a_{jt}` (:math:`u_{jt} = \sum_o v_{jo} g_{jot}` in full mode, one per output
+    in trace mode), then :math:`(\Theta V)_{io} = \sum_t \langle g_{iot}, M \tilde a_{it}\rangle`.
+    Columns and samples run in blocks that keep :math:`M` and the intermediates near the block budget."""
+    n1, k, t, h = t1.g.shape
+    n2, f, c = t2.g.shape[0], t1.a.shape[-1], rhs.shape[-1]
+    item = rhs.element_size()
+    reps = k if mode == "trace" else 1
+    blocks = []
+    for cols in _chunks(c, 2 * reps * h * f * item):
+        r = rhs[:, cols]
+        cc = r.shape[-1]
+        if mode == "trace":
+            m = sum(
+                torch.einsum("jotH,jc,jtF->ocHF", t2.g[j], r[j], t2.a[j]) for j in _chunks(n2, t * k * h * cc * item)
+            )
+            blocks.append(torch.cat([
+                torch.einsum("iotH,ocHF,itF->ic", t1.g[i], m, t1.a[i]) for i in _chunks(n1, t * k * h * cc * item)
+            ]))
+            continue
+        v = r.view(n2, k, cc)
+        m = sum(
+            torch.einsum("jtHc,jtF->cHF", torch.einsum("jotH,joc->jtHc", t2.g[j], v[j]), t2.a[j])
+            for j in _chunks(n2, t * h * cc * item)
+        )
+        blocks.append(torch.cat([
+            torch.einsum("iotH,itHc->ioc", t1.g[i], torch.einsum("cHF,itF->itHc", m, t1.a[i]))
+            for i in _chunks(n1, t * h * cc * item)
+        ]))
+    return torch.cat(blocks, dim=-1)
 
 
 # ------------------------------------------------------------------------------ diagonal, entries

@@ -48,6 +48,7 @@ __all__ = [
     "FallbackRule",
     "RULES",
     "rule_for",
+    "implicit_matmul_macs",
 ]
 
 FORMS = ("implicit", "explicit")
@@ -131,17 +132,38 @@ class Piece:
             return self.match_fraction * t2 * kk * self.width_out
         return kk * self.params
 
-    def matmul_macs(self, mode: str, n1: int, n2: int, columns: int, form: str | None = None) -> float:
-        """Multiply-adds of one product with ``columns`` right-hand sides, features given."""
+    def matmul_macs(self, mode: str, n1: int, n2: int, columns: int, form: str | None = None, pairwise: bool = False) -> float:
+        """Multiply-adds of one product with ``columns`` right-hand sides, features given
+        (``pairwise``: implicit forms evaluated pairwise, as on KeOps; else the cheaper way)."""
         form = form or self.form
         k, t, c, g = self.outputs, self.tokens, columns, self.groups
         if form == "implicit":
-            if mode == "trace":
-                return n1 * n2 * g * t * t * (self.width_in + k * self.width_out + c)
-            return n1 * n2 * g * t * t * (self.width_in + self.width_out * c) + (n1 + n2) * g * t * k * self.width_out * c
+            costs = implicit_matmul_macs(mode, n1, n2, t, self.width_in, self.width_out, k, c, self.kind == "embedding")
+            return g * (costs["pairwise"] if pairwise else min(costs.values()))
         if self.kind == "embedding":
             return (n1 + n2) * t * k * self.width_out * c
         return (n1 + n2) * k * self.params * c
+
+
+def implicit_matmul_macs(
+    mode: str, n1: int, n2: int, tokens: int, width_in: int, width_out: int, outputs: int, columns: int, equal: bool = False
+) -> dict[str, float]:
+    r"""Multiply-adds of one implicit term's product, evaluated pairwise or factored.
+
+    Pairwise: every (sample, token) pair, :math:`N_1 N_2 T^2 (F + k H + C)` (trace) or
+    :math:`N_1 N_2 T^2 (F + H C)` (full). Factored: through the layer's weight-gradient space,
+    :math:`V \mapsto \sum_{j,t} 	ilde a_{jt} \otimes u_{jt}` and back, :math:`(N_1 + N_2) T H F C`
+    (times :math:`k` in trace mode); for token equality (embeddings) a scatter and gather,
+    :math:`(N_1 + N_2) T k H C`. The first grows with :math:`N_1 N_2`, the second with :math:`N_1 + N_2`.
+    """
+    t, f, h, k, c = tokens, width_in, width_out, outputs, columns
+    if mode == "trace":
+        pairwise = n1 * n2 * t * t * (f + k * h + c)
+        factored = (n1 + n2) * t * k * h * (1 if equal else f) * c
+    else:
+        pairwise = n1 * n2 * t * t * (f + h * c) + (n1 + n2) * t * k * h * c
+        factored = (n1 + n2) * t * h * c * (k if equal else f + k)
+    return {"pairwise": pairwise, "factored": factored}
 
 
 class Rule:
@@ -179,9 +201,10 @@ class Rule:
 
     def terms(
         self, captures: list[Capture], cots: list[Tensor], axes: list[int], pieces: list[Piece], params: dict[str, Tensor]
-    ) -> list[Term]:
-        """Features of one sample batch. ``cots[i]`` is ``(k, *captures[i].z.shape)``; ``params``
-        maps the relative names of this rule's parameters (trainable or not) to the tensors in use."""
+    ) -> list[list[Term]]:
+        """Features of one sample batch, one list of terms per piece. ``cots[i]`` is
+        ``(k, *captures[i].z.shape)``; ``params`` maps the relative names of this rule's tensors
+        (parameters, trainable or not, and buffers) to the tensors in use."""
         raise NotImplementedError
 
     def _piece(self, label: str, kind: str, forms: tuple[str, ...], **sizes: Any) -> Piece:
@@ -266,12 +289,12 @@ class LinearRule(Rule):
         return [_token_piece(self, "", tokens, m.in_features, m.out_features, "weight" in self.trainable,
                              "bias" in self.trainable, k)]
 
-    def terms(self, captures, cots, axes, pieces, params) -> list[Term]:
+    def terms(self, captures, cots, axes, pieces, params) -> list[list[Term]]:
         (c,), (g,), (axis,), (piece,) = captures, cots, axes, pieces
         m = self.module
         a = _tokens(c.ctx["a"], axis, m.in_features)
-        return [_token_term(a, _cot_tokens(g, axis, m.out_features), "weight" in self.trainable,
-                            "bias" in self.trainable, piece.form)]
+        return [[_token_term(a, _cot_tokens(g, axis, m.out_features), "weight" in self.trainable,
+                             "bias" in self.trainable, piece.form)]]
 
 
 def unfold(x: Tensor, module: nn.Module) -> Tensor:
@@ -328,13 +351,13 @@ class ConvRule(Rule):
                              "bias" in self.trainable, k)
         return [replace(piece, groups=g, params=g * piece.params, forward_macs=g * piece.forward_macs)]
 
-    def terms(self, captures, cots, axes, pieces, params) -> list[Term]:
+    def terms(self, captures, cots, axes, pieces, params) -> list[list[Term]]:
         (c,), (g,), (piece,) = captures, cots, pieces
         m = self.module
         weight, bias = "weight" in self.trainable, "bias" in self.trainable
         cot = g.flatten(3).permute(1, 0, 3, 2)  # (N, k, P, C_out)
         if not weight:
-            return [Explicit(cot.sum(2))]
+            return [[Explicit(cot.sum(2))]]
         u = unfold(c.ctx["x"], m)
         fg, hg = u.shape[-1] // m.groups, m.out_channels // m.groups
         terms = [
@@ -342,8 +365,8 @@ class ConvRule(Rule):
             for i in range(m.groups)
         ]
         if piece.form == "explicit" and len(terms) > 1:
-            return [Explicit(torch.cat([t.e for t in terms], dim=-1))]
-        return terms
+            return [[Explicit(torch.cat([t.e for t in terms], dim=-1))]]
+        return [terms]
 
 
 class _ScaleRule(Rule):
@@ -370,7 +393,7 @@ class _ScaleRule(Rule):
         return [self._piece("", "scale", ("explicit",), tokens=1, width_in=0, width_out=0, params=p, outputs=k,
                             forward_macs=2 * per_sample)]
 
-    def terms(self, captures, cots, axes, pieces, params) -> list[Term]:
+    def terms(self, captures, cots, axes, pieces, params) -> list[list[Term]]:
         (c,), (g,), (axis,) = captures, cots, axes
         cot = self._layout(g, axis, cot=True)
         parts = []
@@ -378,7 +401,7 @@ class _ScaleRule(Rule):
             parts.append((cot * self._layout(c.ctx["xhat"], axis, cot=False).unsqueeze(1)).sum(2))
         if "bias" in self.trainable:
             parts.append(cot.sum(2))
-        return [Explicit(torch.cat(parts, dim=-1))]
+        return [[Explicit(torch.cat(parts, dim=-1))]]
 
 
 class LayerNormRule(_ScaleRule):
@@ -466,7 +489,7 @@ class EmbeddingRule(Rule):
                             params=m.num_embeddings * m.embedding_dim, outputs=k, forward_macs=tokens * m.embedding_dim,
                             match_fraction=max(matches, 1) / tokens**2)]
 
-    def terms(self, captures, cots, axes, pieces, params) -> list[Term]:
+    def terms(self, captures, cots, axes, pieces, params) -> list[list[Term]]:
         (c,), (g,), (axis,), (piece,) = captures, cots, axes, pieces
         m = self.module
         ids = _tokens(c.ctx["ids"].unsqueeze(-1), axis, 1)[..., 0].long()
@@ -474,7 +497,7 @@ class EmbeddingRule(Rule):
         if m.padding_idx is not None:
             cot = cot * (ids != m.padding_idx)[:, None, :, None].to(cot.dtype)
         term = Sparse(ids, cot)
-        return [term if piece.form == "explicit" else term.as_implicit()]
+        return [[term if piece.form == "explicit" else term.as_implicit()]]
 
 
 def _attention_mask(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
@@ -574,12 +597,12 @@ class MultiheadAttentionRule(Rule):
         out[0].forward_macs += 2 * captures[0].z.shape[1] * captures[1].z.shape[1] * self.module.embed_dim
         return out
 
-    def terms(self, captures, cots, axes, pieces, params) -> list[Term]:
+    def terms(self, captures, cots, axes, pieces, params) -> list[list[Term]]:
         by_label = {p.label: p for p in pieces}
         out = []
         for c, g, (weight, bias) in zip(captures, cots, self._flags()):
             if c.label in by_label:
-                out.append(_token_term(c.ctx["a"], g.transpose(0, 1), weight, bias, by_label[c.label].form))
+                out.append([_token_term(c.ctx["a"], g.transpose(0, 1), weight, bias, by_label[c.label].form)])
         return out
 
 
@@ -612,7 +635,7 @@ class FallbackRule(Rule):
         return [self._piece("", "fallback", ("explicit",), tokens=1, width_in=0, width_out=0, params=p, outputs=k,
                             forward_macs=p * max(1, c.z[0].numel() // max(1, p)))]
 
-    def terms(self, captures, cots, axes, pieces, params) -> list[Term]:
+    def terms(self, captures, cots, axes, pieces, params) -> list[list[Term]]:
         (c,), (cot,) = captures, cots
         names = sorted(self.trainable)
         fixed = {n: t for n, t in params.items() if n not in self.trainable}
@@ -629,7 +652,7 @@ class FallbackRule(Rule):
 
         grads = vmap(one, in_dims=(0, *in_dims))(cot.transpose(0, 1), *args)
         n, k = cot.shape[1], cot.shape[0]
-        return [Explicit(torch.cat([grads[name].reshape(n, k, -1) for name in names], dim=-1))]
+        return [[Explicit(torch.cat([grads[name].reshape(n, k, -1) for name in names], dim=-1))]]
 
     def warn(self, piece: Piece, total: int, itemsize: int) -> None:
         warnings.warn(
