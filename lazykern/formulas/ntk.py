@@ -127,8 +127,9 @@ class NTKFormula:
 
     @property
     def pair_width(self) -> int:
-        """Numbers the torch engine holds per pair of a row block: factors, product, running sum."""
-        return 2 * len(self.parts) + 1
+        """Numbers the torch engine holds per pair of a row block: each part's factors and
+        product, and the running sum (a single dot product: just its result)."""
+        return sum(3 if p.a is not None and p.g is not None else 1 for p in self.parts) + len(self.parts) - 1
 
     def __call__(self, x1: Any, x2: Any) -> Any:
         total = None

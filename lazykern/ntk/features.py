@@ -17,7 +17,8 @@ respect to the inputs and the tensors that require grad.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
@@ -26,7 +27,7 @@ from torch.func import functional_call
 
 from .. import settings
 from .rules import Capture, FallbackRule, Piece, Rule, rule_for
-from .terms import Term, cat_terms, map_terms
+from .terms import Term, cat_terms, map_terms, write_terms
 
 __all__ = ["Unit", "Network", "check_network", "inspect_network", "stream", "extract", "substituted", "piece_terms", "batch_bytes"]
 
@@ -66,6 +67,8 @@ class Network:
     dtype: torch.dtype  # of the parameters
     trainable: tuple[str, ...]  # qualified parameter names the NTK differentiates
     work_numel: int  # numbers held per sample while its features are formed
+    # seconds per sample of the two ways to take the k output cotangents, measured on first use
+    backward_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def pieces(self) -> list[Piece]:
@@ -331,6 +334,38 @@ def _local(params: dict[str, Tensor], layer: str) -> dict[str, Tensor]:
     return {n[len(prefix) :]: t for n, t in params.items() if n.startswith(prefix)}
 
 
+def _cotangents(net: Network, out: Tensor, wanted: list[Tensor], differentiable: bool) -> list[Tensor | None]:
+    """:math:`\partial f_o / \partial z` for every output ``o`` and captured ``z``, ``(k, *z.shape)`` each.
+
+    Either one backward pass vectorised over the one-hot output cotangents (``is_grads_batched``:
+    few large operations, but operations without a batching rule fall back to slow loops, 8x
+    slower than plain passes for a global average pool in measurements) or ``k`` plain backward
+    passes. The first two sample batches measure one way each; later batches take the faster.
+    """
+    k, n = out.shape[1], out.shape[0]
+    eye = torch.eye(k, dtype=out.dtype, device=out.device)
+    seconds = net.backward_seconds
+    way = min(seconds, key=seconds.get) if len(seconds) == 2 else ("loop" if "loop" not in seconds else "batched")
+    if out.device.type == "cuda":
+        torch.cuda.synchronize(out.device)
+    start = time.perf_counter()
+    if way == "batched":
+        grads = list(torch.autograd.grad(out, wanted, grad_outputs=eye.unsqueeze(1).expand(k, n, k),
+                                         is_grads_batched=True, create_graph=differentiable, allow_unused=True))
+    else:
+        per_output = [
+            torch.autograd.grad(out, wanted, grad_outputs=eye[o].expand(n, k), retain_graph=differentiable or o < k - 1,
+                                create_graph=differentiable, allow_unused=True)
+            for o in range(k)
+        ]
+        grads = [None if gs[0] is None else torch.stack(gs) for gs in zip(*per_output)]
+    if out.device.type == "cuda":
+        torch.cuda.synchronize(out.device)
+    if len(seconds) < 2:
+        seconds[way] = (time.perf_counter() - start) / n
+    return grads
+
+
 def _batch_terms(
     net: Network, recorder: _Recorder, call: dict[str, Tensor], x: Tensor, differentiable: bool
 ) -> list[list[Term]]:
@@ -339,12 +374,7 @@ def _batch_terms(
     records = recorder.records
     captures = [(u, c) for u in net.units for c in records[u.name]]
     wanted = [c.z for _, c in captures if c.z.requires_grad]
-    eye = torch.eye(k, dtype=out.dtype, device=out.device)
-    cot = eye.unsqueeze(1).expand(k, n, k)
-    grads = iter(
-        torch.autograd.grad(out, wanted, grad_outputs=cot, is_grads_batched=True, create_graph=differentiable,
-                            allow_unused=True)
-    )
+    grads = iter(_cotangents(net, out, wanted, differentiable))
     terms: list[list[Term]] = []
     for u in net.units:
         cots = []
@@ -388,5 +418,13 @@ def piece_terms(net: Network, tensors: dict[str, Tensor], x: Tensor) -> list[lis
 def extract(net: Network, tensors: dict[str, Tensor], x: Tensor, *, differentiable: bool = False) -> list[Term]:
     """All features of ``x``."""
     parts: list[list[Term]] = []
-    stream(net, tensors, x, lambda rows, t: parts.append(t), differentiable=differentiable)
-    return parts[0] if len(parts) == 1 else cat_terms(parts)
+    if differentiable:  # concatenation keeps the graph
+        stream(net, tensors, x, lambda rows, t: parts.append(t), differentiable=True)
+        return parts[0] if len(parts) == 1 else cat_terms(parts)
+    out: list[list[Term] | None] = [None]
+
+    def consume(rows: slice, terms: list[Term]) -> None:
+        out[0] = write_terms(out[0], rows, terms, x.shape[0])
+
+    stream(net, tensors, x, consume)
+    return out[0]

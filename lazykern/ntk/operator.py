@@ -246,7 +246,7 @@ class NTKOperator(LinearOperator):
     def to_dense(self) -> Tensor:
         differentiable = self._differentiable()
         blocks = [self._dense_item(item, x1, x2, differentiable) for item, x1, x2 in self._items()]
-        return torch.stack(blocks).reshape(self.shape)
+        return blocks[0] if not self.batch_shape else torch.stack(blocks).reshape(self.shape)
 
     def _dense_item(self, item: tuple, x1: Tensor, x2: Tensor, differentiable: bool) -> Tensor:
         """One batch element's block; without cached features, the column side is held in blocks

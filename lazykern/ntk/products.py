@@ -98,74 +98,72 @@ def _chunks(n: int, per_sample_bytes: int) -> Iterator[slice]:
         yield slice(s, min(n, s + step))
 
 
-def _groups(terms: list[Term], explicit_with_one_token: bool) -> dict[object, list[int]]:
-    """Term indices by how they are evaluated: token count (implicit), "explicit", "sparse"."""
+def _groups(terms: list[Term]) -> dict[object, list[int]]:
+    """Term indices by how they are evaluated: token count (implicit), "explicit", "sparse".
+
+    Explicit terms are evaluated one by one, never concatenated: together they can be most of the
+    per-sample Jacobian, and a joined copy would double the memory the features take.
+    """
     groups: dict[object, list[int]] = {}
     for i, t in enumerate(terms):
-        if isinstance(t, Sparse):
-            key: object = "sparse"
-        elif isinstance(t, Explicit):
-            key = 1 if explicit_with_one_token else "explicit"
-        else:
-            key = t.tokens
+        key: object = "sparse" if isinstance(t, Sparse) else "explicit" if isinstance(t, Explicit) else t.tokens
         groups.setdefault(key, []).append(i)
     return groups
 
 
-def _explicit(terms: list[Term], idx: list[int], flat: bool) -> Tensor:
-    e = torch.cat([terms[i].e for i in idx], dim=-1)  # (N, k, P)
-    return e.flatten(1) if flat else e.reshape(-1, e.shape[-1])
-
-
 # ------------------------------------------------------------------------------ blocks
 def dense(f1: list[Term], f2: list[Term], mode: str) -> Tensor:
-    r"""The block :math:`\Theta(x^{(1)}, x^{(2)})`: ``(N1, N2)`` (trace) or ``(N1 k, N2 k)`` (full)."""
+    r"""The block :math:`\Theta(x^{(1)}, x^{(2)})`: ``(N1, N2)`` (trace) or ``(N1 k, N2 k)`` (full).
+
+    Row blocks of samples; when both sides are the same features (``f1 is f2``) each row block
+    is evaluated only against itself and later samples, and mirrored.
+    """
     n1, n2, k = _num(f1), _num(f2), _outputs(f1)
+    symmetric = f1 is f2
     ref = f1[0].e if isinstance(f1[0], Explicit) else f1[0].g
     item = ref.element_size()
-    if mode == "trace":
-        out = ref.new_zeros(n1, n2)
-        for key, idx in _groups(f1, True).items():
-            if key == "sparse":
-                for i in idx:
-                    out = out + _sparse_dense(f1[i], f2[i], mode)
-                continue
-            x1, formula = _rows([f1[i] for i in idx], mode)
-            x2, _ = _rows([f2[i] for i in idx], mode)
-            t = x1.shape[2]
-            x2 = x2.reshape(n2 * t, -1)
-            for rows in _chunks(n1, t * t * n2 * item):
-                block = backend.pairwise_dense(formula, x1[rows].reshape(-1, x2.shape[-1]), x2, {})
-                out[rows] += block.reshape(-1, t, n2, t).sum((1, 3))
-        return out
-    out = ref.new_zeros(n1, k, n2, k)
-    for key, idx in _groups(f1, False).items():
+    r = k if mode == "full" else 1
+    out = ref.new_zeros(n1, r, n2, r)
+
+    def add(rows: slice, block: Tensor) -> None:
+        """``block``: ``(rows, r, columns from the first of rows (symmetric) or 0, r)``."""
+        start = rows.start if symmetric else 0
+        out[rows, :, start:] += block
+        if symmetric and rows.stop < n2:
+            out[rows.stop :, :, rows] += block[:, :, rows.stop - rows.start :].permute(2, 3, 0, 1)
+
+    for key, idx in _groups(f1).items():
         if key == "sparse":
             for i in idx:
-                out = out + _sparse_dense(f1[i], f2[i], mode)
+                out += _sparse_dense(f1[i], f2[i], mode).reshape(n1, r, n2, r)
         elif key == "explicit":
-            e1, e2 = _explicit(f1, idx, False), _explicit(f2, idx, False)
-            for rows in _chunks(n1, k * k * n2 * item):
-                block = backend.pairwise_dense(_dot(e1.shape[-1]), e1.view(n1, k, -1)[rows].flatten(0, 1), e2, {})
-                out[rows] += block.view(-1, k, n2, k)
-        elif key == 1:
+            for i in idx:  # trace mode: rows are samples, (k P) features; full mode: (sample, output), P
+                e1, e2 = (f.e.reshape(f.e.shape[0] * r, -1) for f in (f1[i], f2[i]))
+                for rows in _chunks(n1, r * r * n2 * item):
+                    start = rows.start if symmetric else 0
+                    block = backend.pairwise_dense(_dot(e2.shape[-1]), e1[rows.start * r : rows.stop * r],
+                                                   e2[start * r :], {})
+                    add(rows, block.view(-1, r, n2 - start, r))
+        elif key == 1 and mode == "full":
             for i in idx:
                 a1, a2, g1, g2 = f1[i].a[:, 0], f2[i].a[:, 0], f1[i].g[:, :, 0], f2[i].g[:, :, 0]
                 similarity = NTKFormula((NTKPart((0, a1.shape[-1]), None, f1[i].similarity),))
                 g2r = g2.reshape(n2 * k, -1)
                 for rows in _chunks(n1, (k * k + 1) * n2 * item):
-                    aa = backend.pairwise_dense(similarity, a1[rows], a2, {})
-                    gg = backend.pairwise_dense(_dot(g2r.shape[-1]), g1[rows].flatten(0, 1), g2r, {})
-                    out[rows] += aa[:, None, :, None] * gg.view(-1, k, n2, k)
-        else:
+                    start = rows.start if symmetric else 0
+                    aa = backend.pairwise_dense(similarity, a1[rows], a2[start:], {})
+                    gg = backend.pairwise_dense(_dot(g2r.shape[-1]), g1[rows].flatten(0, 1), g2r[start * k :], {})
+                    add(rows, aa[:, None, :, None] * gg.view(-1, k, n2 - start, k))
+        else:  # token rows (sample, [output,] token); in trace mode with the explicit terms as parts
             t = key
             x1, formula = _rows([f1[i] for i in idx], mode)
             x2, _ = _rows([f2[i] for i in idx], mode)
-            x2 = x2.reshape(n2 * k * t, -1)
-            for rows in _chunks(n1, k * k * t * t * n2 * item):
-                block = backend.pairwise_dense(formula, x1[rows].reshape(-1, x2.shape[-1]), x2, {})
-                out[rows] += block.reshape(-1, k, t, n2, k, t).sum((2, 5))
-    return out.reshape(n1 * k, n2 * k)
+            x2 = x2.reshape(n2 * r * t, -1)
+            for rows in _chunks(n1, r * r * t * t * n2 * item):
+                start = rows.start if symmetric else 0
+                block = backend.pairwise_dense(formula, x1[rows].reshape(-1, x2.shape[-1]), x2[start * r * t :], {})
+                add(rows, block.reshape(-1, r, t, n2 - start, r, t).sum((2, 5)))
+    return out.reshape(n1 * r, n2 * r)
 
 
 # ------------------------------------------------------------------------------ products
@@ -179,10 +177,11 @@ def matmul(f1: list[Term], f2: list[Term], rhs: Tensor, mode: str, engine_name: 
     n1, n2, k, c = _num(f1), _num(f2), _outputs(f1), rhs.shape[-1]
     pad = engine_name == "keops"
     out = rhs.new_zeros(n1, k, c) if mode == "full" else rhs.new_zeros(n1, c)
-    explicit, pairwise = [], []
+    pairwise = []
     for i, (t1, t2) in enumerate(zip(f1, f2)):
-        if isinstance(t1, Explicit):
-            explicit.append(i)
+        if isinstance(t1, Explicit):  # low rank: E1 (E2^T V)
+            e1, e2 = (t.e.flatten(1) if mode == "trace" else t.e.reshape(-1, t.e.shape[-1]) for t in (t1, t2))
+            out = out + (e1 @ (e2.T @ rhs)).view(out.shape)
         elif isinstance(t1, Sparse):
             out = out + _sparse_matmul(t1, t2, rhs, mode)
         else:
@@ -194,9 +193,6 @@ def matmul(f1: list[Term], f2: list[Term], rhs: Tensor, mode: str, engine_name: 
                 out = out + _sparse_matmul(_as_sparse(t1), _as_sparse(t2), rhs, mode)
             else:
                 out = out + _factored_matmul(t1, t2, rhs, mode)
-    if explicit:
-        e1, e2 = _explicit(f1, explicit, mode == "trace"), _explicit(f2, explicit, mode == "trace")
-        out = out + (e1 @ (e2.T @ rhs)).view(out.shape)
     if mode == "trace":
         by_tokens: dict[int, list[int]] = {}
         for i in pairwise:
@@ -264,14 +260,16 @@ def _factored_matmul(t1: Implicit, t2: Implicit, rhs: Tensor, mode: str) -> Tens
 def _pairs_within(terms1: list[Term], terms2: list[Term], mode: str, k_index: tuple[Tensor, Tensor] | None) -> Tensor:
     """Per row, the kernel between row ``i`` of side 1 and row ``i`` of side 2 (all token pairs)."""
     total = None
-    explicit = [i for i, t in enumerate(terms1) if isinstance(t, Explicit)]
-    if explicit:
-        e1, e2 = (torch.cat([ts[i].e for i in explicit], dim=-1) for ts in (terms1, terms2))
+    for t1, t2 in zip(terms1, terms2):
+        if not isinstance(t1, Explicit):
+            continue
+        e1, e2 = t1.e, t2.e
         if k_index is not None:
             e1, e2 = e1[torch.arange(e1.shape[0]), k_index[0]], e2[torch.arange(e2.shape[0]), k_index[1]]
-            total = (e1 * e2).sum(-1)
+            value = (e1 * e2).sum(-1)
         else:
-            total = (e1 * e2).sum(-1) if mode == "full" else (e1 * e2).sum((-1, -2))
+            value = (e1 * e2).sum(-1) if mode == "full" else (e1 * e2).sum((-1, -2))
+        total = value if total is None else total + value
     rest1 = [t.as_implicit() if isinstance(t, Sparse) else t for t in terms1 if not isinstance(t, Explicit)]
     rest2 = [t.as_implicit() if isinstance(t, Sparse) else t for t in terms2 if not isinstance(t, Explicit)]
     by_tokens: dict[int, list[int]] = {}

@@ -251,7 +251,8 @@ def _token_term(a: Tensor, g: Tensor, weight: bool, bias: bool, form: str) -> Te
     if form == "implicit":
         return Implicit(a, g)
     n, k, t, h = g.shape
-    e = torch.bmm(g.transpose(2, 3).reshape(n, k * h, t), a)  # (N, k H, F): per-sample weight gradients
+    # per output, so that cotangents laid out (k, N, ...) by the backward pass are read in place
+    e = torch.stack([torch.bmm(g[:, o].transpose(1, 2), a) for o in range(k)], dim=1)  # (N, k, H, F)
     return Explicit(e.reshape(n, k, h * a.shape[-1]))
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["Implicit", "Explicit", "Sparse", "Term", "num_samples", "map_terms", "index_terms", "cat_terms", "terms_numel"]
+__all__ = ["Implicit", "Explicit", "Sparse", "Term", "num_samples", "map_terms", "write_terms", "index_terms", "cat_terms", "terms_numel"]
 
 
 @dataclass
@@ -78,6 +78,21 @@ def terms_bytes(terms: list[Term]) -> int:
 def map_terms(terms: list[Term], fn) -> list[Term]:
     """``fn`` applied to every tensor of every term."""
     return [_rebuild(t, {n: fn(v) for n, v in _fields(t).items()}) for t in terms]
+
+
+def write_terms(dest: list[Term] | None, rows: slice, src: list[Term], total: int) -> list[Term]:
+    """Copy the features of a sample batch into ``dest`` (allocated for ``total`` samples on the first call).
+
+    Writing into one preallocation, rather than concatenating batch outputs, keeps the small
+    outputs from interleaving with the large freed temporaries of each batch, which fragments the C
+    heap (peak RSS grew by gigabytes over a thousand samples in measurements).
+    """
+    if dest is None:
+        dest = map_terms(src, lambda v: v.new_empty((total, *v.shape[1:])))
+    for d, s in zip(dest, src):
+        for name, value in _fields(s).items():
+            _fields(d)[name][rows] = value
+    return dest
 
 
 def index_terms(terms: list[Term], idx: slice | Tensor) -> list[Term]:
