@@ -30,7 +30,8 @@ check the cost rule that picks one (``lazykern.ntk.plan.choose_form``) against t
 
 Run: ``python benchmarks/ntk.py`` (full sizes; about half an hour on 2 cores) or ``--quick``
 (small sizes, one repeat: checks that everything runs); writes ``benchmarks/results/ntk.json`` and
-``benchmarks/results/ntk.md`` (``--quick`` writes ``ntk_quick.*``).
+``benchmarks/results/ntk.md``, and the tables ``ntk.rst`` and ``ntk_conv_rule.rst`` that
+``docs/ntk.rst`` includes (``--quick`` writes only ``ntk_quick.json`` and ``ntk_quick.md``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ COMMON = textwrap.dedent(
         first = None
         if warmup:
             t = time.perf_counter(); fn(); first = time.perf_counter() - t
+            if first > 60:  # one-time costs are noise at this scale; repeats would take hours
+                return {{"median_s": first, "times_s": [first], "first_s": first}}
         times = []
         for _ in range(REPEATS):
             t = time.perf_counter(); fn(); times.append(time.perf_counter() - t)
@@ -206,6 +209,9 @@ QUICK_CASES = [
     ("mlp", 32, "full"),
 ]
 METHODS = ("lazykern", "torch_func", "nngeometry", "neural_tangents")
+# neural-tangents' structured derivatives took 34 s for the conv_gap block at N = 32 on 2 cores
+# (its cost grows with N^2): rows above this size would each hit the timeout
+NT_MAX_N = 128
 
 
 def _cap() -> None:
@@ -248,6 +254,8 @@ def run(method: str, net: str, n: int, mode: str, repeats: int, timeout: float) 
     python = _python(method)
     if not Path(python).exists():
         return {**row, "status": f"skipped: {python} not found"}
+    if method == "neural_tangents" and n > NT_MAX_N:
+        return {**row, "status": f"not run (N > {NT_MAX_N}: hours on CPU)"}
     code = _code(method, net, n, mode, repeats)
     if code is None:
         return {**row, "status": "skipped: no stax equivalent"}
@@ -264,7 +272,12 @@ net = nn.Sequential(nn.Conv2d(C, C, 3, padding=1), nn.Tanh(), nn.AdaptiveAvgPool
 net[-1].requires_grad_(False)  # the convolution alone is trainable
 x = torch.randn(N, C, S, S)
 out = {{"predicted": empirical_ntk(net, x, mode="{mode}", plan=True).pieces[0].form}}
+work = {{f: empirical_ntk(net, x, mode="{mode}", forms=f, plan=True).kernel_macs() for f in ("implicit", "explicit")}}
+out["work_ratio"] = work["implicit"] / work["explicit"]
 for form in ("implicit", "explicit"):
+    if work[form] > 30 * min(work.values()):  # far from the crossover: hours, and nothing to learn
+        out[form] = None
+        continue
     fn = lambda: empirical_ntk(net, x, mode="{mode}", forms=form, backend="dense").to_dense()
     fn()
     times = []
@@ -286,10 +299,15 @@ def conv_rule(quick: bool) -> list[dict]:
             r = _run(code, sys.executable, 1800)
             row = {"channels": c, "map": s, "N": n, "mode": mode, **r}
             if r["status"] == "ok":
-                row["measured"] = min(("implicit", "explicit"), key=lambda f: r[f])
+                timed = [f for f in ("implicit", "explicit") if r[f] is not None]
+                row["measured"] = min(timed, key=lambda f: r[f]) if len(timed) == 2 else f"{timed[0]} (other >30x work)"
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows
+
+
+def _seconds(value: float | None) -> str:
+    return "not timed" if value is None else f"{value:.3f}"
 
 
 def markdown(rows: list[dict], rule_rows: list[dict], quick: bool) -> str:
@@ -315,15 +333,42 @@ def markdown(rows: list[dict], rule_rows: list[dict], quick: bool) -> str:
         lines.append("")
     if rule_rows:
         lines += ["**Convolution cost rule**: Conv2d(C→C, 3×3, pad 1) on S×S, the convolution alone trainable, "
-                  "whole block on the torch engine.", "",
-                  "| C | S | N | mode | implicit (s) | explicit (s) | faster | rule picks |", "|---|---|---|---|---|---|---|---|"]
+                  "whole block on the torch engine; a form predicted to need over 30 times the other's work "
+                  "is not timed.", "",
+                  "| C | S | N | mode | implicit/explicit work | implicit (s) | explicit (s) | faster | rule picks |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in rule_rows:
             if r["status"] != "ok":
-                lines.append(f"| {r['channels']} | {r['map']} | {r['N']} | {r['mode']} | {r['status']} | | | |")
+                lines.append(f"| {r['channels']} | {r['map']} | {r['N']} | {r['mode']} | {r['status']} | | | | |")
                 continue
-            lines.append(f"| {r['channels']} | {r['map']} | {r['N']} | {r['mode']} | {r['implicit']:.3f} | "
-                         f"{r['explicit']:.3f} | {r['measured']} | {r['predicted']} |")
+            lines.append(f"| {r['channels']} | {r['map']} | {r['N']} | {r['mode']} | {r['work_ratio']:.2g} | "
+                         f"{_seconds(r['implicit'])} | {_seconds(r['explicit'])} | {r['measured']} | {r['predicted']} |")
     return "\n".join(lines) + "\n"
+
+
+def rst(rows: list[dict], rule_rows: list[dict]) -> tuple[str, str]:
+    """The tables for the docs (included by docs/ntk.rst): one per network, and the rule check."""
+    out = []
+    for net in NETS:
+        net_rows = [r for r in rows if r["net"] == net]
+        if not net_rows:
+            continue
+        out += [f".. csv-table:: {NETS[net]['title']}", '   :header: "N", "mode", "method", "median time (s)", '
+                '"peak RSS increase (MB)"', ""]
+        for r in net_rows:
+            ok = r["status"] == "ok"
+            time_s = f"{r['median_s']:.3f}" if ok else r["status"].replace('"', "'")
+            memory = f"{r['peak_increase_mb']:.0f}" if ok else ""
+            out.append(f'   {r["N"]}, {r["mode"]}, {r["method"]}, "{time_s}", "{memory}"')
+        out.append("")
+    rule = ['.. csv-table:: Conv2d(C→C, 3×3, pad 1) on S×S maps, the convolution alone trainable, whole block',
+            '   :header: "C", "S", "N", "mode", "implicit/explicit work", "implicit (s)", "explicit (s)", "faster", '
+            '"rule picks"', ""]
+    for r in rule_rows:
+        if r["status"] == "ok":
+            rule.append(f'   {r["channels"]}, {r["map"]}, {r["N"]}, {r["mode"]}, {r["work_ratio"]:.2g}, '
+                        f'"{_seconds(r["implicit"])}", "{_seconds(r["explicit"])}", "{r["measured"]}", {r["predicted"]}')
+    return "\n".join(out) + "\n", "\n".join(rule) + "\n"
 
 
 def main() -> None:
@@ -351,6 +396,11 @@ def main() -> None:
                            "wall_s": time.time() - started}, "rows": rows, "conv_rule": rule_rows}
     (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
     (RESULTS / f"{stem}.md").write_text(markdown(rows, rule_rows, args.quick))
+    if not args.quick:
+        nets_rst, rule_rst = rst(rows, rule_rows)
+        (RESULTS / "ntk.rst").write_text(nets_rst)
+        if rule_rows:
+            (RESULTS / "ntk_conv_rule.rst").write_text(rule_rst)
     print(markdown(rows, rule_rows, args.quick))
 
 

@@ -69,6 +69,7 @@ class Network:
     work_numel: int  # numbers held per sample while its features are formed
     # seconds per sample of the two ways to take the k output cotangents, measured on first use
     backward_seconds: dict[str, float] = field(default_factory=dict)
+    backward_calls: int = 0
 
     @property
     def pieces(self) -> list[Piece]:
@@ -335,17 +336,18 @@ def _local(params: dict[str, Tensor], layer: str) -> dict[str, Tensor]:
 
 
 def _cotangents(net: Network, out: Tensor, wanted: list[Tensor], differentiable: bool) -> list[Tensor | None]:
-    """:math:`\partial f_o / \partial z` for every output ``o`` and captured ``z``, ``(k, *z.shape)`` each.
+    r""":math:`\partial f_o / \partial z` for every output ``o`` and captured ``z``, ``(k, *z.shape)`` each.
 
     Either one backward pass vectorised over the one-hot output cotangents (``is_grads_batched``:
     few large operations, but operations without a batching rule fall back to slow loops, 8x
     slower than plain passes for a global average pool in measurements) or ``k`` plain backward
-    passes. The first two sample batches measure one way each; later batches take the faster.
+    passes. The second and third sample batches each measure one way (the first warms up what
+    either loads on first use); later batches take the faster.
     """
     k, n = out.shape[1], out.shape[0]
     eye = torch.eye(k, dtype=out.dtype, device=out.device)
-    seconds = net.backward_seconds
-    way = min(seconds, key=seconds.get) if len(seconds) == 2 else ("loop" if "loop" not in seconds else "batched")
+    calls = net.backward_calls
+    way = ("loop", "batched", "loop")[calls] if calls < 3 else min(net.backward_seconds, key=net.backward_seconds.get)
     if out.device.type == "cuda":
         torch.cuda.synchronize(out.device)
     start = time.perf_counter()
@@ -361,8 +363,9 @@ def _cotangents(net: Network, out: Tensor, wanted: list[Tensor], differentiable:
         grads = [None if gs[0] is None else torch.stack(gs) for gs in zip(*per_output)]
     if out.device.type == "cuda":
         torch.cuda.synchronize(out.device)
-    if len(seconds) < 2:
-        seconds[way] = (time.perf_counter() - start) / n
+    if 1 <= calls < 3:
+        net.backward_seconds[way] = (time.perf_counter() - start) / n
+    net.backward_calls += 1
     return grads
 
 

@@ -144,26 +144,45 @@ def dense(f1: list[Term], f2: list[Term], mode: str) -> Tensor:
                     block = backend.pairwise_dense(_dot(e2.shape[-1]), e1[rows.start * r : rows.stop * r],
                                                    e2[start * r :], {})
                     add(rows, block.view(-1, r, n2 - start, r))
-        elif key == 1 and mode == "full":
+        elif mode == "full":  # per term: the first factor per token pair, then the cotangents
             for i in idx:
-                a1, a2, g1, g2 = f1[i].a[:, 0], f2[i].a[:, 0], f1[i].g[:, :, 0], f2[i].g[:, :, 0]
-                similarity = NTKFormula((NTKPart((0, a1.shape[-1]), None, f1[i].similarity),))
-                g2r = g2.reshape(n2 * k, -1)
-                for rows in _chunks(n1, (k * k + 1) * n2 * item):
-                    start = rows.start if symmetric else 0
-                    aa = backend.pairwise_dense(similarity, a1[rows], a2[start:], {})
-                    gg = backend.pairwise_dense(_dot(g2r.shape[-1]), g1[rows].flatten(0, 1), g2r[start * k :], {})
-                    add(rows, aa[:, None, :, None] * gg.view(-1, k, n2 - start, k))
-        else:  # token rows (sample, [output,] token); in trace mode with the explicit terms as parts
+                _dense_full_implicit(f1[i], f2[i], symmetric, add)
+        else:  # trace mode: token rows (sample, token), in blocks of rows: one sample's can be large
             t = key
             x1, formula = _rows([f1[i] for i in idx], mode)
             x2, _ = _rows([f2[i] for i in idx], mode)
-            x2 = x2.reshape(n2 * r * t, -1)
-            for rows in _chunks(n1, r * r * t * t * n2 * item):
-                start = rows.start if symmetric else 0
-                block = backend.pairwise_dense(formula, x1[rows].reshape(-1, x2.shape[-1]), x2[start * r * t :], {})
-                add(rows, block.reshape(-1, r, t, n2 - start, r, t).sum((2, 5)))
+            x1, x2 = x1.reshape(n1 * r * t, -1), x2.reshape(n2 * r * t, -1)
+            flat = out.view(n1 * r, n2, r)
+            for rows in _chunks(n1 * r * t, 2 * n2 * r * t * item):
+                block = backend.pairwise_dense(formula, x1[rows], x2, {}).view(-1, n2, r, t).sum(-1)
+                owner = torch.arange(rows.start, rows.stop, device=block.device) // t  # (sample, output) of each row
+                flat.index_add_(0, owner, block)
     return out.reshape(n1 * r, n2 * r)
+
+
+def _dense_full_implicit(t1: Implicit, t2: Implicit, symmetric: bool, add) -> None:
+    r"""Full-mode block of one implicit term: :math:`S = s(a_{it}, a'_{ju})` per token pair (the
+    engine), :math:`Y_{it,j} = \sum_u S_{it,ju}\, g'_{j\cdot u}`, then
+    :math:`\sum_t \langle g_{iot}, Y_{it,jq}\rangle`: :math:`T^2 F + T^2 k H + T k^2 H` per sample pair
+    rather than :math:`k^2 T^2 (F + H)` for rows of (sample, output, token)."""
+    n1, k, t, h = t1.g.shape
+    n2, f = t2.g.shape[0], t1.a.shape[-1]
+    item = t1.g.element_size()
+    similarity = NTKFormula((NTKPart((0, f), None, t1.similarity),))
+    a2 = t2.a.reshape(n2 * t, f)
+    g2 = t2.g.permute(0, 2, 1, 3).reshape(n2, t, k * h)  # (sample, token, output x width)
+    for rows in _chunks(n1, (t * n2 * t + 3 * t * n2 * k * h) * item):
+        start = rows.start if symmetric else 0
+        m, rest = rows.stop - rows.start, n2 - start
+        if t == 1:  # one token: S times the (sample, output) Gram of the cotangents
+            s = backend.pairwise_dense(similarity, t1.a[rows, 0], t2.a[start:, 0], {})
+            gg = backend.pairwise_dense(_dot(h), t1.g[rows, :, 0].reshape(m * k, h), t2.g[start:, :, 0].reshape(rest * k, h), {})
+            add(rows, s[:, None, :, None] * gg.view(m, k, rest, k))
+            continue
+        s = backend.pairwise_dense(similarity, t1.a[rows].reshape(m * t, f), a2[start * t :], {})
+        y = torch.bmm(s.view(m * t, rest, t).transpose(0, 1), g2[start:])  # (j, (i, t), (q, H))
+        y = y.view(rest, m, t, k, h).permute(1, 2, 4, 0, 3).reshape(m, t * h, rest * k)
+        add(rows, torch.bmm(t1.g[rows].reshape(m, k, t * h), y).view(m, k, rest, k))
 
 
 # ------------------------------------------------------------------------------ products

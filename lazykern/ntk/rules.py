@@ -76,12 +76,15 @@ class Piece:
     the per-sample gradient per output), ``outputs`` :math:`k`. Costs are multiply-adds; with
     :math:`\kappa = k` in trace mode and :math:`k^2` in full mode:
 
-    =============  ==============================  =====================================
-    form           per sample pair (dense kernel)  per sample (features, beyond passes)
-    =============  ==============================  =====================================
-    implicit       :math:`G T^2 (F + \kappa H)`    0
-    explicit       :math:`\kappa P`                :math:`T k P` (:math:`\sum_t g_t a_t^\top`)
-    =============  ==============================  =====================================
+    =============  ==============================================  ====================================
+    form           per sample pair (dense kernel)                  per sample (features, beyond passes)
+    =============  ==============================================  ====================================
+    implicit       trace :math:`G T^2 (F + k H)`;                  0
+                   full :math:`G (T^2 F + T^2 k H + T k^2 H)`
+    explicit       :math:`\kappa P`                                :math:`T k P` (:math:`\sum_t g_t a_t^\top`)
+    =============  ==============================================  ====================================
+
+    (one token: full mode :math:`F + k^2 H`).
 
     An embedding's explicit form is sparse: :math:`\rho T^2 \kappa H` per pair, with :math:`\rho`
     the fraction of equal token pairs (estimated from the probe samples).
@@ -124,10 +127,14 @@ class Piece:
 
     def pair_macs(self, mode: str, form: str | None = None) -> float:
         form = form or self.form
-        kk = self.outputs**2 if mode == "full" else self.outputs
-        t2 = self.tokens**2
+        k, t, f, h = self.outputs, self.tokens, self.width_in, self.width_out
+        kk = k * k if mode == "full" else k
+        t2 = t * t
         if form == "implicit":
-            return self.groups * t2 * (self.width_in + kk * self.width_out)
+            if mode == "trace":
+                return self.groups * t2 * (f + k * h)
+            # first factor per token pair, then cotangents through it (products.dense)
+            return self.groups * (t2 * f + t * kk * h + (t2 * k * h if t > 1 else 0))
         if self.kind == "embedding":
             return self.match_fraction * t2 * kk * self.width_out
         return kk * self.params
