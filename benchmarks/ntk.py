@@ -244,8 +244,12 @@ def _run(code: str, python: str, timeout: float) -> dict:
     lines = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
     if out.returncode != 0 or not lines:
         err = out.stderr.strip().splitlines()
-        memory = any("MemoryError" in l or "DefaultCPUAllocator" in l or "Cannot allocate" in l for l in err)
-        return {"status": "out of memory" if memory or out.returncode == -9 else f"failed: {err[-1:] or out.returncode}"}
+        if any("MemoryError" in l or "DefaultCPUAllocator" in l or "Cannot allocate" in l for l in err):
+            return {"status": f"out of memory ({AS_CAP // 2**30} GB address-space cap)"}
+        if out.returncode < 0:  # XLA segfaults when an allocation fails under the cap
+            return {"status": f"killed by signal {-out.returncode} under the {AS_CAP // 2**30} GB address-space cap"}
+        errors = [l for l in err if "Error" in l or "Exception" in l] or err[-1:]
+        return {"status": f"failed: {errors[-1] if errors else out.returncode}"}
     return {"status": "ok", **json.loads(lines[-1][len("RESULT ") :])}
 
 

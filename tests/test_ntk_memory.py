@@ -77,8 +77,8 @@ from lazykern.ntk import empirical_ntk
 vocab = {vocab}
 torch.manual_seed(0)
 model = nn.Sequential(nn.Embedding(vocab, 32), nn.Flatten(), nn.Linear(16 * 32, 4)).double()
-ids = torch.randint(0, vocab, (1500, 16))
-v = torch.randn(1500, 2, dtype=torch.float64)
+ids = torch.randint(0, vocab, (800, 16))
+v = torch.randn(800, 2, dtype=torch.float64)
 small = empirical_ntk(model, ids[:8], mode="trace")
 small.to_dense(), small @ v[:8], small.diagonal()  # imports and lazy inits off the books
 """

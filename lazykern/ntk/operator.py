@@ -167,8 +167,9 @@ class NTKOperator(LinearOperator):
         return self._new(*(x.permute(*dims, *range(len(dims), x.dim())) for x in self._full_batch()))
 
     # ------------------------------------------------------------------ features
-    def _differentiable(self, *extra: Tensor) -> bool:
-        return torch.is_grad_enabled() and any(t.requires_grad for t in (*self._args, *extra))
+    def _differentiable(self) -> bool:
+        """Whether results must carry a graph: grad mode on and some representation tensor requires grad."""
+        return torch.is_grad_enabled() and any(t.requires_grad for t in self._args)
 
     def _items(self) -> list[tuple[tuple, Tensor, Tensor]]:
         """Per batch element: its index and the two sample sets."""

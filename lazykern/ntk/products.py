@@ -92,8 +92,9 @@ def _dot(width: int) -> NTKFormula:
     return NTKFormula((NTKPart(None, (0, width), "one"),))
 
 
-def _chunks(n: int, per_sample_bytes: int) -> Iterator[slice]:
-    step = max(1, batch_bytes() // max(1, per_sample_bytes))
+def _chunks(n: int, per_sample_bytes: int, min_blocks: int = 1) -> Iterator[slice]:
+    """Runs of samples whose blocks stay near the block budget, at least ``min_blocks`` of them."""
+    step = max(1, min(batch_bytes() // max(1, per_sample_bytes), -(-n // min_blocks)))
     for s in range(0, n, step):
         yield slice(s, min(n, s + step))
 
@@ -120,6 +121,8 @@ def dense(f1: list[Term], f2: list[Term], mode: str) -> Tensor:
     """
     n1, n2, k = _num(f1), _num(f2), _outputs(f1)
     symmetric = f1 is f2
+    # a symmetric block in 4 or more row blocks skips (B - 1) / 2B of the pairs
+    blocks = 4 if symmetric else 1
     ref = f1[0].e if isinstance(f1[0], Explicit) else f1[0].g
     item = ref.element_size()
     r = k if mode == "full" else 1
@@ -139,14 +142,14 @@ def dense(f1: list[Term], f2: list[Term], mode: str) -> Tensor:
         elif key == "explicit":
             for i in idx:  # trace mode: rows are samples, (k P) features; full mode: (sample, output), P
                 e1, e2 = (f.e.reshape(f.e.shape[0] * r, -1) for f in (f1[i], f2[i]))
-                for rows in _chunks(n1, r * r * n2 * item):
+                for rows in _chunks(n1, r * r * n2 * item, blocks):
                     start = rows.start if symmetric else 0
                     block = backend.pairwise_dense(_dot(e2.shape[-1]), e1[rows.start * r : rows.stop * r],
                                                    e2[start * r :], {})
                     add(rows, block.view(-1, r, n2 - start, r))
         elif mode == "full":  # per term: the first factor per token pair, then the cotangents
             for i in idx:
-                _dense_full_implicit(f1[i], f2[i], symmetric, add)
+                _dense_full_implicit(f1[i], f2[i], symmetric, add, blocks)
         else:  # trace mode: token rows (sample, token), in blocks of rows: one sample's can be large
             t = key
             x1, formula = _rows([f1[i] for i in idx], mode)
@@ -160,7 +163,7 @@ def dense(f1: list[Term], f2: list[Term], mode: str) -> Tensor:
     return out.reshape(n1 * r, n2 * r)
 
 
-def _dense_full_implicit(t1: Implicit, t2: Implicit, symmetric: bool, add) -> None:
+def _dense_full_implicit(t1: Implicit, t2: Implicit, symmetric: bool, add, blocks: int) -> None:
     r"""Full-mode block of one implicit term: :math:`S = s(a_{it}, a'_{ju})` per token pair (the
     engine), :math:`Y_{it,j} = \sum_u S_{it,ju}\, g'_{j\cdot u}`, then
     :math:`\sum_t \langle g_{iot}, Y_{it,jq}\rangle`: :math:`T^2 F + T^2 k H + T k^2 H` per sample pair
@@ -171,7 +174,7 @@ def _dense_full_implicit(t1: Implicit, t2: Implicit, symmetric: bool, add) -> No
     similarity = NTKFormula((NTKPart((0, f), None, t1.similarity),))
     a2 = t2.a.reshape(n2 * t, f)
     g2 = t2.g.permute(0, 2, 1, 3).reshape(n2, t, k * h)  # (sample, token, output x width)
-    for rows in _chunks(n1, (t * n2 * t + 3 * t * n2 * k * h) * item):
+    for rows in _chunks(n1, (t * n2 * t + 3 * t * n2 * k * h) * item, blocks):
         start = rows.start if symmetric else 0
         m, rest = rows.stop - rows.start, n2 - start
         if t == 1:  # one token: S times the (sample, output) Gram of the cotangents
