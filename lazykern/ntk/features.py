@@ -360,7 +360,8 @@ def _cotangents(net: Network, out: Tensor, wanted: list[Tensor], differentiable:
                                 create_graph=differentiable, allow_unused=True)
             for o in range(k)
         ]
-        grads = [None if gs[0] is None else torch.stack(gs) for gs in zip(*per_output)]
+        # samples first in memory, (k, N, ...) as a view: per-sample gradients then read it in place
+        grads = [None if gs[0] is None else torch.stack(gs, dim=1).transpose(0, 1) for gs in zip(*per_output)]
     if out.device.type == "cuda":
         torch.cuda.synchronize(out.device)
     if 1 <= calls < 3:

@@ -258,8 +258,11 @@ def _token_term(a: Tensor, g: Tensor, weight: bool, bias: bool, form: str) -> Te
     if form == "implicit":
         return Implicit(a, g)
     n, k, t, h = g.shape
-    # per output, so that cotangents laid out (k, N, ...) by the backward pass are read in place
-    e = torch.stack([torch.bmm(g[:, o].transpose(1, 2), a) for o in range(k)], dim=1)  # (N, k, H, F)
+    gt = g.transpose(2, 3)  # (N, k, H, T)
+    if gt.is_contiguous():  # one batched product over samples
+        e = torch.bmm(gt.reshape(n, k * h, t), a)
+    else:  # per output, so that cotangents laid out (k, N, ...) are read in place
+        e = torch.stack([torch.bmm(gt[:, o], a) for o in range(k)], dim=1)
     return Explicit(e.reshape(n, k, h * a.shape[-1]))
 
 
