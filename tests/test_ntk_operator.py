@@ -96,3 +96,33 @@ for _backend in ("auto", "linearized"):
     globals()[f"TestNTKRectangularBatch{_tag}"] = _rectangular(
         f"TestNTKRectangularBatch{_tag}", backend=_backend, cols=4, batch=(2,), mode="full"
     )
+
+
+def test_operator_uses_its_own_tensors() -> None:
+    """Issue 9, item 13: batch operations, dtype conversions and ``cat`` act on the operator's own
+    tensors, and a backward pass reaches every representation tensor that requires grad."""
+    from linear_operator.operators import cat
+
+    case = _NTKCase()
+    case.batch = (2,)
+    op = case.create_linear_op()
+    dense = dense_ntk(op).detach()
+    for dim in (-3, -2, -1):
+        joined = cat([op, op], dim=dim)
+        assert torch.allclose(joined.to_dense(), torch.cat([dense, dense], dim=dim), atol=1e-5)
+    assert torch.allclose(op.unsqueeze(0).to_dense(), dense.unsqueeze(0), atol=1e-5)
+    assert torch.allclose(op.expand(3, *op.shape).to_dense()[2], dense, atol=1e-5)
+    double = op.double()
+    assert double.dtype == torch.float64
+    assert torch.allclose(double.to_dense(), dense_ntk(double).detach(), rtol=1e-12, atol=0)
+    # gradients with respect to the inputs and the network's parameters, as representation tensors
+    op = op.detach().requires_grad_(True)
+    copy = op.clone().detach().requires_grad_(True)
+    v = torch.randn(*op.batch_shape, op.shape[-1], 2)
+    (op @ v).square().sum().backward()
+    (dense_ntk(copy) @ v).square().sum().backward()
+    assert op.x1.grad is not None and op._args[2].grad is not None
+    for a, b in zip(op.representation(), copy.representation()):
+        # (the output layer's bias does not enter the NTK: no gradient on either side)
+        ga, gb = (torch.zeros_like(t) if t.grad is None else t.grad for t in (a, b))
+        assert torch.allclose(ga, gb, rtol=1e-3, atol=1e-4)
