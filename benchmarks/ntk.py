@@ -1,24 +1,42 @@
-"""Empirical NTK: lazykern against torch.func, nngeometry and neural-tangents, side by side.
+"""Empirical NTK of real architectures: lazykern against torch.func, nngeometry and neural-tangents.
 
-Each measurement runs in its own subprocess under an ``RLIMIT_AS`` cap and reports the median
-wall time of its repeats and its peak-RSS increase (VmHWM) over the process after imports and
-setup. The network is the MLP 784-512-512-10 (ReLU, biases), float32, inputs ``randn``; the
-quantity is the full (N, N, k, k) kernel, or a full-mode product for the large-N rows.
+Each measurement runs in its own subprocess under an ``RLIMIT_AS`` cap (a peer that exceeds it
+is recorded as "out of memory") with ``OMP_WAIT_POLICY=PASSIVE``, and reports the median wall time
+of its repeats (after one untimed warm-up call, also the first call's time) and its peak-RSS
+increase (VmHWM) over the process after imports, setup and the warm-up. All methods of a row run
+in the same invocation, one after the other. float32 throughout; the quantity is the whole kernel
+block: full mode ``(N k, N k)`` (or nngeometry's ``(k, N, k, N)``), trace mode ``(N, N)``.
+
+Networks (the issue's benchmark set, plus the MLP of the first NTK benchmark):
+
+* ``conv_gap``: Conv(1->64, 3x3) -> ReLU -> global average pool -> Linear(10), 28x28 inputs;
+* ``cifar_cnn``: Conv(3->16, 5x5, pad 2) -> ReLU -> Conv(16->32, 3x3, stride 2, pad 1) -> ReLU ->
+  global average pool -> Linear(10), 16x16 inputs;
+* ``transformer``: Embedding(1000, 64) -> 2 Transformer encoder layers (4 heads, feed-forward 128,
+  no dropout) -> mean over 32 tokens -> Linear(10), integer token inputs;
+* ``mlp``: 784-512-512-10 (ReLU).
 
 Peers are optional and never lazykern dependencies:
 
-* nngeometry: ``NNGEOMETRY_PYTHON`` (default: a ``/work/venvs/ngeo`` venv made with
-  ``--system-site-packages`` and ``pip install --no-deps nngeometry==0.4 einops unfoldNd``);
-* neural-tangents: ``NT_PYTHON`` (default ``/work/venvs/nt``, built from
-  ``/work/shared/bench-envs/neural-tangents.txt``); stax ``Dense`` with biases, structured
-  derivatives (``implementation=3``); jit compilation is timed separately.
+* torch.func: ``vmap(jacrev)`` per-sample Jacobians of all parameters, then one contraction;
+* nngeometry 0.4 (``TorchHooksJacobianBackend.get_gram_matrix``): ``NNGEOMETRY_PYTHON`` (default:
+  this Python; install with ``pip install --no-deps nngeometry==0.4 einops unfoldNd``);
+* neural-tangents 0.6.5 (stax, structured derivatives, ``implementation=3``, jit compilation timed
+  separately): ``NT_PYTHON`` (default ``/work/venvs/nt/bin/python``, built from
+  ``/work/shared/bench-envs/neural-tangents.txt``); the convolutional nets and the MLP.
 
-Run: ``python benchmarks/ntk.py`` (a few minutes on 2 cores); writes ``benchmarks/results/ntk.json``
-and ``benchmarks/results/ntk.md``.
+``--conv-rule`` also times both forms of single convolutions (the layer alone is trainable) to
+check the cost rule that picks one (``lazykern.ntk.plan.choose_form``) against the measured times.
+
+Run: ``python benchmarks/ntk.py`` (full sizes; about half an hour on 2 cores) or ``--quick``
+(small sizes, one repeat: checks that everything runs); writes ``benchmarks/results/ntk.json`` and
+``benchmarks/results/ntk.md``, and the tables ``ntk.rst`` and ``ntk_conv_rule.rst`` that
+``docs/ntk.rst`` includes (``--quick`` writes only ``ntk_quick.json`` and ``ntk_quick.md``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -26,20 +44,19 @@ import resource
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-WIDTHS = (784, 512, 512, 10)
-AS_CAP = 20 * 2**30
-NNGEOMETRY_PYTHON = os.environ.get("NNGEOMETRY_PYTHON", "/work/venvs/ngeo/bin/python")
+AS_CAP = 12 * 2**30
+NNGEOMETRY_PYTHON = os.environ.get("NNGEOMETRY_PYTHON", sys.executable)
 NT_PYTHON = os.environ.get("NT_PYTHON", "/work/venvs/nt/bin/python")
 
 COMMON = textwrap.dedent(
     """
     import json, statistics, sys, time
-    WIDTHS = {widths}
-    N, REPEATS = {n}, {repeats}
+    N, MODE, REPEATS = {n}, "{mode}", {repeats}
 
     def peak():
         with open("/proc/self/status") as f:
@@ -49,6 +66,8 @@ COMMON = textwrap.dedent(
         first = None
         if warmup:
             t = time.perf_counter(); fn(); first = time.perf_counter() - t
+            if first > 60:  # one-time costs are noise at this scale; repeats would take hours
+                return {{"median_s": first, "times_s": [first], "first_s": first}}
         times = []
         for _ in range(REPEATS):
             t = time.perf_counter(); fn(); times.append(time.perf_counter() - t)
@@ -56,151 +75,337 @@ COMMON = textwrap.dedent(
     """
 )
 
-TORCH_SETUP = textwrap.dedent(
-    """
-    import torch
-    from torch import nn
-    torch.manual_seed(0)
-    layers = []
-    for a, b in zip(WIDTHS[:-1], WIDTHS[1:]):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    net = nn.Sequential(*layers[:-1])
-    x = torch.randn(N, WIDTHS[0])
-    """
-)
+NETS = {
+    "conv_gap": {
+        "title": "Conv(1→64, 3×3) → ReLU → GAP → Linear(10), 28×28",
+        "torch": """
+            net = nn.Sequential(nn.Conv2d(1, 64, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+            x = torch.randn(N, 1, 28, 28)
+        """,
+        "stax": """
+            layers = [stax.Conv(64, (3, 3), padding="VALID", parameterization="standard"), stax.Relu(),
+                      stax.GlobalAvgPool(), stax.Dense(10, parameterization="standard")]
+            shape = (N, 28, 28, 1)
+        """,
+    },
+    "cifar_cnn": {
+        "title": "Conv(3→16, 5×5) → ReLU → Conv(16→32, 3×3, stride 2) → ReLU → GAP → Linear(10), 16×16",
+        "torch": """
+            net = nn.Sequential(nn.Conv2d(3, 16, 5, padding=2), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2, padding=1),
+                                nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+            x = torch.randn(N, 3, 16, 16)
+        """,
+        "stax": """
+            layers = [stax.Conv(16, (5, 5), padding="SAME", parameterization="standard"), stax.Relu(),
+                      stax.Conv(32, (3, 3), strides=(2, 2), padding="SAME", parameterization="standard"), stax.Relu(),
+                      stax.GlobalAvgPool(), stax.Dense(10, parameterization="standard")]
+            shape = (N, 16, 16, 3)
+        """,
+    },
+    "transformer": {
+        "title": "Embedding(1000, 64) → 2 × TransformerEncoderLayer(64, 4 heads, ff 128) → mean → Linear(10), 32 tokens",
+        "torch": """
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.embed = nn.Embedding(1000, 64)
+                    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+                    self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+                    self.head = nn.Linear(64, 10)
+                def forward(self, ids):
+                    return self.head(self.encoder(self.embed(ids)).mean(1))
+            net = Net().eval()
+            x = torch.randint(0, 1000, (N, 32))
+        """,
+        "stax": None,
+    },
+    "mlp": {
+        "title": "MLP 784-512-512-10 (ReLU)",
+        "torch": """
+            net = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+            x = torch.randn(N, 784)
+        """,
+        "stax": """
+            layers = [stax.Dense(512, parameterization="standard"), stax.Relu(), stax.Dense(512, parameterization="standard"),
+                      stax.Relu(), stax.Dense(10, parameterization="standard")]
+            shape = (N, 784)
+        """,
+    },
+}
 
-def _lazykern_matvec_worker(backend: str) -> str:
-    return TORCH_SETUP + textwrap.dedent(
-        f"""
-        from lazykern.ntk import empirical_ntk
-        v = torch.randn(N * WIDTHS[-1], 1)
-        empirical_ntk(net, x[:4], backend="{backend}") @ v[:4 * WIDTHS[-1]]
-        base = peak()
-        r = measure(lambda: empirical_ntk(net, x, mode="full", backend="{backend}") @ v)
-        """
-    )
-
+TORCH_SETUP = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+"""
 
 WORKERS = {
-    "lazykern_dense_matrix": TORCH_SETUP
-    + textwrap.dedent(
-        """
+    "lazykern": """
         from lazykern.ntk import empirical_ntk
-        empirical_ntk(net, x[:4]).to_dense()
+        empirical_ntk(net, x[:4], mode=MODE).to_dense()  # imports, rate probes
         base = peak()
-        r = measure(lambda: empirical_ntk(net, x, mode="full", backend="dense").to_dense())
-        """
-    ),
-    **{f"lazykern_matvec_{backend}": _lazykern_matvec_worker(backend) for backend in ("dense", "linearized")},
-    "torch_func_jacobian_contraction": TORCH_SETUP
-    + textwrap.dedent(
-        """
+        r = measure(lambda: empirical_ntk(net, x, mode=MODE).to_dense())
+        r["plan"] = str(empirical_ntk(net, x, mode=MODE, plan=True))
+    """,
+    "torch_func": """
         from torch.func import functional_call, jacrev, vmap
         params = {k: p.detach() for k, p in net.named_parameters()}
         def f(p, xi):
             return functional_call(net, p, (xi[None],))[0]
         def ntk():
-            j = vmap(jacrev(f), (None, 0))(params, x)
-            return sum(torch.einsum("iop,jqp->ijoq", a.flatten(2), a.flatten(2)) for a in j.values())
+            jac = vmap(jacrev(f), (None, 0))(params, x)
+            j = torch.cat([a.flatten(2) for a in jac.values()], dim=2)  # (N, k, P)
+            if MODE == "trace":
+                return torch.einsum("iop,jop->ij", j, j)
+            return torch.einsum("iop,jqp->iojq", j, j).reshape(N * j.shape[1], -1)
         base = peak()
-        r = measure(ntk, warmup=False)
-        """
-    ),
-    "nngeometry_gram": TORCH_SETUP
-    + textwrap.dedent(
-        """
+        r = measure(ntk)
+    """,
+    "nngeometry": """
         from nngeometry.backend import TorchHooksJacobianBackend
         def gram():
-            return TorchHooksJacobianBackend(net).get_gram_matrix((x,))
+            g = TorchHooksJacobianBackend(net).get_gram_matrix((x,))  # (k, N, k, N)
+            return torch.einsum("oioj->ij", g) if MODE == "trace" else g
         base = peak()
         r = measure(gram)
-        """
-    ),
-    "neural_tangents_structured": textwrap.dedent(
-        """
+    """,
+    "neural_tangents": """
         import jax, jax.numpy as jnp
         import neural_tangents as nt
         from neural_tangents import stax
-        layers = []
-        for b in WIDTHS[1:]:
-            layers += [stax.Dense(b, b_std=1.0), stax.Relu()]
-        init_fn, apply_fn, _ = stax.serial(*layers[:-1])
-        _, params = init_fn(jax.random.PRNGKey(0), (-1, WIDTHS[0]))
-        x = jax.random.normal(jax.random.PRNGKey(1), (N, WIDTHS[0]))
-        fn = jax.jit(nt.empirical_ntk_fn(apply_fn, trace_axes=(), implementation=3))
+        {stax}
+        init_fn, apply_fn, _ = stax.serial(*layers)
+        _, params = init_fn(jax.random.PRNGKey(0), shape)
+        x = jax.random.normal(jax.random.PRNGKey(1), shape)
+        trace_axes = (-1,) if MODE == "trace" else ()
+        fn = jax.jit(nt.empirical_ntk_fn(apply_fn, trace_axes=trace_axes, implementation=3))
         base = peak()
         t = time.perf_counter(); fn(x, None, params).block_until_ready(); compile_s = time.perf_counter() - t
         r = measure(lambda: fn(x, None, params).block_until_ready(), warmup=False)
         r["first_s"] = compile_s
-        """
-    ),
+    """,
 }
 
 TAIL = 'r["peak_increase_mb"] = (peak() - base) / 2**20\nprint("RESULT " + json.dumps(r))\n'
 
-# (method, N, repeats, python): full kernel at N=256 (torch.func at N=64: ~30 s at N=128 on 2 cores),
-# products at N=4096 where the kernel itself would take 6.7 GB.
-PLAN = [
-    ("lazykern_dense_matrix", 64, 3, sys.executable),
-    ("torch_func_jacobian_contraction", 64, 1, sys.executable),
-    ("lazykern_dense_matrix", 256, 3, sys.executable),
-    ("nngeometry_gram", 256, 3, NNGEOMETRY_PYTHON),
-    ("neural_tangents_structured", 256, 3, NT_PYTHON),
-    ("lazykern_matvec_dense", 4096, 3, sys.executable),
-    ("lazykern_matvec_linearized", 4096, 3, sys.executable),
+# (net, N, mode); N = 1024 rows are the issue's memory comparison
+FULL_CASES = [
+    ("conv_gap", 64, "full"),
+    ("conv_gap", 1024, "full"),
+    ("cifar_cnn", 128, "trace"),
+    ("cifar_cnn", 128, "full"),
+    ("cifar_cnn", 1024, "trace"),
+    ("cifar_cnn", 1024, "full"),
+    ("transformer", 128, "trace"),
+    ("transformer", 128, "full"),
+    ("transformer", 512, "trace"),
+    ("mlp", 256, "full"),
 ]
+QUICK_CASES = [
+    ("conv_gap", 32, "full"),
+    ("cifar_cnn", 32, "trace"),
+    ("cifar_cnn", 32, "full"),
+    ("transformer", 16, "trace"),
+    ("mlp", 32, "full"),
+]
+METHODS = ("lazykern", "torch_func", "nngeometry", "neural_tangents")
+# neural-tangents' structured derivatives took 34 s for the conv_gap block at N = 32 on 2 cores
+# (its cost grows with N^2): rows above this size would each hit the timeout
+NT_MAX_N = 128
 
 
 def _cap() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (AS_CAP, AS_CAP))
 
 
-def run(method: str, n: int, repeats: int, python: str) -> dict:
-    row = {"method": method, "N": n, "k": WIDTHS[-1], "widths": list(WIDTHS)}
-    if not Path(python).exists():
-        return {**row, "status": f"skipped: {python} not found"}
-    code = COMMON.format(widths=WIDTHS, n=n, repeats=repeats) + WORKERS[method] + TAIL
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
+def _python(method: str) -> str:
+    return {"nngeometry": NNGEOMETRY_PYTHON, "neural_tangents": NT_PYTHON}.get(method, sys.executable)
+
+
+def _code(method: str, net: str, n: int, mode: str, repeats: int) -> str | None:
+    spec = NETS[net]
+    common = COMMON.format(n=n, mode=mode, repeats=repeats)
+    if method == "neural_tangents":
+        if spec["stax"] is None:
+            return None
+        body = textwrap.dedent(WORKERS[method]).replace("{stax}", textwrap.indent(textwrap.dedent(spec["stax"]), ""))
+        return common + body + TAIL
+    return common + TORCH_SETUP + textwrap.dedent(spec["torch"]) + textwrap.dedent(WORKERS[method]) + TAIL
+
+
+def _run(code: str, python: str, timeout: float) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3",
+           "OMP_WAIT_POLICY": "PASSIVE"}
     try:
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=900, preexec_fn=_cap, env=env)
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout, preexec_fn=_cap,
+                             env=env)
     except subprocess.TimeoutExpired:
-        return {**row, "status": "timeout (900 s)"}
+        return {"status": f"timeout ({timeout:.0f} s)"}
     lines = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
     if out.returncode != 0 or not lines:
-        return {**row, "status": f"failed: {out.stderr.strip().splitlines()[-1:]}"}
-    return {**row, "status": "ok", **json.loads(lines[-1][len("RESULT ") :])}
+        err = out.stderr.strip().splitlines()
+        if any("MemoryError" in l or "DefaultCPUAllocator" in l or "Cannot allocate" in l for l in err):
+            return {"status": f"out of memory ({AS_CAP // 2**30} GB address-space cap)"}
+        if out.returncode < 0:  # XLA segfaults when an allocation fails under the cap
+            return {"status": f"killed by signal {-out.returncode} under the {AS_CAP // 2**30} GB address-space cap"}
+        errors = [l for l in err if "Error" in l or "Exception" in l] or err[-1:]
+        return {"status": f"failed: {errors[-1] if errors else out.returncode}"}
+    return {"status": "ok", **json.loads(lines[-1][len("RESULT ") :])}
 
 
-def markdown(rows: list[dict]) -> str:
+def run(method: str, net: str, n: int, mode: str, repeats: int, timeout: float) -> dict:
+    row = {"method": method, "net": net, "N": n, "mode": mode}
+    python = _python(method)
+    if not Path(python).exists():
+        return {**row, "status": f"skipped: {python} not found"}
+    if method == "neural_tangents" and n > NT_MAX_N:
+        return {**row, "status": f"not run (N > {NT_MAX_N}: hours on CPU)"}
+    code = _code(method, net, n, mode, repeats)
+    if code is None:
+        return {**row, "status": "skipped: no stax equivalent"}
+    return {**row, **_run(code, python, timeout)}
+
+
+CONV_RULE = """
+import torch, statistics, time
+from torch import nn
+from lazykern.ntk import empirical_ntk
+torch.manual_seed(0)
+N, C, S = {n}, {c}, {s}
+net = nn.Sequential(nn.Conv2d(C, C, 3, padding=1), nn.Tanh(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(C, 10))
+net[-1].requires_grad_(False)  # the convolution alone is trainable
+x = torch.randn(N, C, S, S)
+out = {{"predicted": empirical_ntk(net, x, mode="{mode}", plan=True).pieces[0].form}}
+work = {{f: empirical_ntk(net, x, mode="{mode}", forms=f, plan=True).kernel_macs() for f in ("implicit", "explicit")}}
+out["work_ratio"] = work["implicit"] / work["explicit"]
+for form in ("implicit", "explicit"):
+    if work[form] > 30 * min(work.values()):  # far from the crossover: hours, and nothing to learn
+        out[form] = None
+        continue
+    fn = lambda: empirical_ntk(net, x, mode="{mode}", forms=form, backend="dense").to_dense()
+    fn()
+    times = []
+    for _ in range({repeats}):
+        t = time.perf_counter(); fn(); times.append(time.perf_counter() - t)
+    out[form] = statistics.median(times)
+print("RESULT " + __import__("json").dumps(out))
+"""
+
+CONV_RULE_CASES = [(4, 28), (8, 16), (16, 8), (32, 8), (64, 4), (128, 2)]
+
+
+def conv_rule(quick: bool) -> list[dict]:
+    rows = []
+    n, repeats = (16, 1) if quick else (64, 3)
+    for mode in ("full", "trace"):
+        for c, s in CONV_RULE_CASES[:3] if quick else CONV_RULE_CASES:
+            code = CONV_RULE.format(n=n, c=c, s=s, mode=mode, repeats=repeats)
+            r = _run(code, sys.executable, 1800)
+            row = {"channels": c, "map": s, "N": n, "mode": mode, **r}
+            if r["status"] == "ok":
+                timed = [f for f in ("implicit", "explicit") if r[f] is not None]
+                row["measured"] = min(timed, key=lambda f: r[f]) if len(timed) == 2 else f"{timed[0]} (other >30x work)"
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def _seconds(value: float | None) -> str:
+    return "not timed" if value is None else f"{value:.3f}"
+
+
+def markdown(rows: list[dict], rule_rows: list[dict], quick: bool) -> str:
     lines = [
-        f"MLP {'-'.join(map(str, WIDTHS))}, float32, {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores. Median wall time; peak RSS increase over the process after setup.",
+        f"float32, {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+        + (" (--quick: small sizes, one repeat)" if quick else "")
+        + ". Median wall time (first call in brackets); peak RSS increase over the process after setup."
+        + " The machine was shared with other jobs while this ran, so absolute times are inflated.",
         "",
-        "| method | N | quantity | median time (s) | first call (s) | peak RSS increase (MB) |",
-        "|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        quantity = "full-mode product" if "matvec" in r["method"] else "full kernel (N,N,k,k)"
-        if r["status"] != "ok":
-            lines.append(f"| {r['method']} | {r['N']} | {quantity} | {r['status']} | | |")
+    for net in NETS:
+        net_rows = [r for r in rows if r["net"] == net]
+        if not net_rows:
             continue
-        first = "" if r.get("first_s") is None else f"{r['first_s']:.2f}"
-        lines.append(
-            f"| {r['method']} | {r['N']} | {quantity} | {r['median_s']:.3f} | {first} | {r['peak_increase_mb']:.0f} |"
-        )
+        lines += [f"**{net}**: {NETS[net]['title']}", "", "| N | mode | method | median time (s) | peak RSS increase (MB) |",
+                  "|---|---|---|---|---|"]
+        for r in net_rows:
+            if r["status"] != "ok":
+                lines.append(f"| {r['N']} | {r['mode']} | {r['method']} | {r['status']} | |")
+                continue
+            first = "" if r.get("first_s") is None else f" ({r['first_s']:.2f})"
+            lines.append(f"| {r['N']} | {r['mode']} | {r['method']} | {r['median_s']:.3f}{first} | {r['peak_increase_mb']:.0f} |")
+        lines.append("")
+    if rule_rows:
+        lines += ["**Convolution cost rule**: Conv2d(C→C, 3×3, pad 1) on S×S, the convolution alone trainable, "
+                  "whole block on the torch engine; a form predicted to need over 30 times the other's work "
+                  "is not timed.", "",
+                  "| C | S | N | mode | implicit/explicit work | implicit (s) | explicit (s) | faster | rule picks |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in rule_rows:
+            if r["status"] != "ok":
+                lines.append(f"| {r['channels']} | {r['map']} | {r['N']} | {r['mode']} | {r['status']} | | | | |")
+                continue
+            lines.append(f"| {r['channels']} | {r['map']} | {r['N']} | {r['mode']} | {r['work_ratio']:.2g} | "
+                         f"{_seconds(r['implicit'])} | {_seconds(r['explicit'])} | {r['measured']} | {r['predicted']} |")
     return "\n".join(lines) + "\n"
 
 
+def rst(rows: list[dict], rule_rows: list[dict]) -> tuple[str, str]:
+    """The tables for the docs (included by docs/ntk.rst): one per network, and the rule check."""
+    out = []
+    for net in NETS:
+        net_rows = [r for r in rows if r["net"] == net]
+        if not net_rows:
+            continue
+        out += [f".. csv-table:: {NETS[net]['title']}", '   :header: "N", "mode", "method", "median time (s)", '
+                '"peak RSS increase (MB)"', ""]
+        for r in net_rows:
+            ok = r["status"] == "ok"
+            time_s = f"{r['median_s']:.3f}" if ok else r["status"].replace('"', "'")
+            memory = f"{r['peak_increase_mb']:.0f}" if ok else ""
+            out.append(f'   {r["N"]}, {r["mode"]}, {r["method"]}, "{time_s}", "{memory}"')
+        out.append("")
+    rule = ['.. csv-table:: Conv2d(C→C, 3×3, pad 1) on S×S maps, the convolution alone trainable, whole block',
+            '   :header: "C", "S", "N", "mode", "implicit/explicit work", "implicit (s)", "explicit (s)", "faster", '
+            '"rule picks"', ""]
+    for r in rule_rows:
+        if r["status"] == "ok":
+            rule.append(f'   {r["channels"]}, {r["map"]}, {r["N"]}, {r["mode"]}, {r["work_ratio"]:.2g}, '
+                        f'"{_seconds(r["implicit"])}", "{_seconds(r["explicit"])}", "{r["measured"]}", {r["predicted"]}')
+    return "\n".join(out) + "\n", "\n".join(rule) + "\n"
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, one repeat")
+    parser.add_argument("--conv-rule", action="store_true", help="also time both forms of single convolutions")
+    parser.add_argument("--only", nargs="*", choices=list(NETS), help="networks to run")
+    parser.add_argument("--methods", nargs="*", choices=METHODS, default=list(METHODS))
+    args = parser.parse_args()
+    cases = QUICK_CASES if args.quick else FULL_CASES
+    repeats, timeout = (1, 600) if args.quick else (3, 1800)
     rows = []
-    for method, n, repeats, python in PLAN:
-        row = run(method, n, repeats, python)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+    started = time.time()
+    for net, n, mode in cases:
+        if args.only and net not in args.only:
+            continue
+        for method in args.methods:
+            row = run(method, net, n, mode, repeats, timeout)
+            print(json.dumps({k: v for k, v in row.items() if k != "plan"}), flush=True)
+            rows.append(row)
+    rule_rows = conv_rule(args.quick) if args.conv_rule else []
+    stem = "ntk_quick" if args.quick else "ntk"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "ntk.json").write_text(json.dumps(rows, indent=2) + "\n")
-    (RESULTS / "ntk.md").write_text(markdown(rows))
-    print(markdown(rows))
+    payload = {"machine": {"processor": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                           "wall_s": time.time() - started}, "rows": rows, "conv_rule": rule_rows}
+    (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (RESULTS / f"{stem}.md").write_text(markdown(rows, rule_rows, args.quick))
+    if not args.quick:
+        nets_rst, rule_rst = rst(rows, rule_rows)
+        (RESULTS / "ntk.rst").write_text(nets_rst)
+        if rule_rows:
+            (RESULTS / "ntk_conv_rule.rst").write_text(rule_rst)
+    print(markdown(rows, rule_rows, args.quick))
 
 
 if __name__ == "__main__":

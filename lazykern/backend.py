@@ -223,9 +223,12 @@ def _flush_subnormals_(block: Tensor) -> None:
 def _torch_rowwise(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor | None) -> Tensor:
     names = tuple(params)
     tensors = tuple(params.values()) + (() if rhs is None else (rhs,))
-    # A block holds rows x M x D for every member of the kernel's batch at once.
+    # A block holds rows x M x (numbers per pair) for every member of the kernel's batch at once. A
+    # formula that multiplies matrices instead of broadcasting (the NTK's) says how many numbers it
+    # holds per pair; the default is the D of a distance-based formula's broadcast.
     batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2], *(p.shape[:-2] for p in params.values()))
-    step = rows_per_chunk(x2.shape[-2], batch.numel() * x2.shape[-1], x2.element_size())
+    width = getattr(formula, "pair_width", x2.shape[-1])
+    step = rows_per_chunk(x2.shape[-2], batch.numel() * width, x2.element_size())
     return _RowBlocks.apply(formula, names, step, x1, x2, *tensors)
 
 

@@ -25,18 +25,24 @@ def check_floating_matrix(name: str, x: object, *, min_dim: int = 2) -> Tensor:
     return x
 
 
-def _check_input(name: str, x: object) -> Tensor:
+def check_samples(name: str, x: object, *, min_dim: int = 1, layout: str = "samples first") -> Tensor:
+    """``x`` must be a non-empty tensor of samples with at least ``min_dim`` dimensions, finite if
+    floating. Any dtype (integer token ids included): the model it feeds decides what it accepts."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype == torch.bool or x.is_complex():
-        raise TypeError(f"{name} must hold real numbers (float or integer), got {x.dtype}")
-    if x.dim() < 2:
-        raise ValueError(f"{name} must have at least 2 dimensions (..., n, d), got shape {tuple(x.shape)}")
+    if x.dim() < min_dim:
+        raise ValueError(f"{name} must have at least {min_dim} dimensions ({layout}), got shape {tuple(x.shape)}")
     if x.numel() == 0:
         raise ValueError(f"{name} must not be empty, got shape {tuple(x.shape)}")
-    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+    if (x.is_floating_point() or x.is_complex()) and not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} contains NaN or infinite values")
     return x
+
+
+def _check_input(name: str, x: object) -> Tensor:
+    if isinstance(x, Tensor) and (x.dtype == torch.bool or x.is_complex()):
+        raise TypeError(f"{name} must hold real numbers (float or integer), got {x.dtype}")
+    return check_samples(name, x, min_dim=2, layout="..., n, d")
 
 
 def check_kernel_inputs(

@@ -1,7 +1,9 @@
 """Peak-memory claims of the empirical NTK, each measured in a fresh subprocess (VmHWM).
 
-float32 MLP 64-256-256-10: its full NTK on N samples is an (N k) x (N k) matrix, 160 GB at
-N = 20000; the operator must serve a diagonal and a product without anything near that.
+* float32 MLP 64-256-256-10: its full NTK on N samples is an (N k) x (N k) matrix, 160 GB at
+  N = 20000; the operator must serve a diagonal and a product without anything near that.
+* An embedding's features never hold a vocabulary-sized vector: the trace NTK of a token model
+  (blocks, product, diagonal) takes the same memory at vocabulary 50,000 as at 500.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import sys
 import textwrap
 
 import pytest
+
+from tests.memory import peak_rss_increase_mb
 
 SCRIPT = textwrap.dedent(
     """
@@ -64,3 +68,28 @@ def test_auto_diagonal_and_product_at_20000_stay_under_1_5_gb() -> None:
 def test_keops_product_at_4000_stays_under_500_mb() -> None:
     increase = _peak_increase(4_000, "keops", diag=False)
     assert increase < 500 * 2**20, f"peak RSS rose by {increase / 2**20:.0f} MiB"
+
+
+EMBEDDING_SETUP = """
+import sys, torch
+from torch import nn
+from lazykern.ntk import empirical_ntk
+vocab = {vocab}
+torch.manual_seed(0)
+model = nn.Sequential(nn.Embedding(vocab, 32), nn.Flatten(), nn.Linear(16 * 32, 4)).double()
+ids = torch.randint(0, vocab, (800, 16))
+v = torch.randn(800, 2, dtype=torch.float64)
+small = empirical_ntk(model, ids[:8], mode="trace")
+small.to_dense(), small @ v[:8], small.diagonal()  # imports and lazy inits off the books
+"""
+
+EMBEDDING_BODY = """
+K = empirical_ntk(model, ids, mode="trace")
+assert torch.isfinite(K.to_dense()).all() and torch.isfinite(K @ v).all() and torch.isfinite(K.diagonal()).all()
+"""
+
+
+def test_embedding_memory_does_not_grow_with_the_vocabulary() -> None:
+    small = peak_rss_increase_mb(EMBEDDING_SETUP.format(vocab=500), EMBEDDING_BODY)
+    large = peak_rss_increase_mb(EMBEDDING_SETUP.format(vocab=50_000), EMBEDDING_BODY)
+    assert large <= 1.1 * small, f"vocabulary 50,000: +{large:.0f} MB, vocabulary 500: +{small:.0f} MB"

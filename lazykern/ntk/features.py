@@ -1,97 +1,82 @@
-r"""Per-sample NTK features of a network, from forward hooks and one batched backward pass.
+r"""Per-sample NTK features of a network: which rule handles each module, and one batched backward.
 
-For each sample batch the network runs once with forward hooks on every module that owns
-trainable parameters; the hooks keep each module's inputs and output. One backward pass,
-vectorised over the :math:`k` one-hot output cotangents (``is_grads_batched``), then gives the
-cotangents :math:`g_o = \partial f_o / \partial z` at every recorded output :math:`z`.
+:func:`inspect_network` runs two small probe forward passes (2 and 3 copies of the first samples)
+with a forward hook on every module that owns trainable parameters, to learn which modules run,
+each captured tensor's sample axis (the axis whose length follows the batch), the number of
+outputs and every layer's sizes (:class:`~lazykern.ntk.rules.Piece`).
 
-* ``nn.Linear`` on ``(B, F)`` inputs: the factored term :math:`(\tilde a, G)` with
-  :math:`\tilde a = (a, 1)` when the bias is trainable (see :mod:`lazykern.formulas.ntk`).
-* ``nn.Linear`` on ``(B, T, F)`` inputs: the token-pair sum
-  :math:`\sum_{t,t'} \langle a_t, a'_{t'}\rangle \langle g_t, g'_{t'}\rangle` is not a product of two dot
-  products; it equals :math:`\langle \sum_t g_t a_t^\top, \sum_{t'} g'_{t'} a'^\top_{t'} \rangle`, so the
-  explicit per-sample weight gradient :math:`\sum_t g_t \tilde a_t^\top` is the feature.
-* any other module with trainable parameters: explicit per-sample gradients from
-  :func:`torch.func.vjp` through that module alone, with a :class:`NTKFallbackWarning`.
-
-All explicit features are concatenated into one term whose first factor is the constant 1.
+:func:`stream` then forms the features of sample batches: the network runs once per batch through
+:func:`torch.func.functional_call` with the operator's own tensors (parameters and buffers) and
+the hooks; one backward pass, vectorised over the :math:`k` one-hot output cotangents
+(``is_grads_batched``), gives the cotangents of every captured output, and each rule turns its
+captures into :mod:`~lazykern.ntk.terms`. With ``differentiable=True`` the backward pass keeps its
+graph (``create_graph``), so the features, and every NTK value formed from them, differentiate with
+respect to the inputs and the tensors that require grad.
 """
 
 from __future__ import annotations
 
 import contextlib
-import warnings
+import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, vjp, vmap
+from torch.func import functional_call
 
 from .. import settings
+from .rules import Capture, FallbackRule, Piece, Rule, rule_for
+from .terms import Term, cat_terms, map_terms, write_terms
 
-__all__ = [
-    "NTKFallbackWarning",
-    "Features",
-    "NetworkInfo",
-    "check_network",
-    "inspect_network",
-    "stream",
-    "extract",
-    "feature_bytes",
-]
+__all__ = ["Unit", "Network", "check_network", "inspect_network", "stream", "extract", "substituted", "piece_terms", "batch_bytes"]
 
 
-class NTKFallbackWarning(UserWarning):
-    """A module has no factored NTK rule and costs explicit per-sample gradients."""
+def batch_bytes() -> int:
+    """Memory a sample batch of the extraction (activations, cotangents, graph) aims for.
 
-
-@dataclass
-class Features:
-    r"""NTK features of N samples: ``terms`` is a list of ``(A, G)`` pairs, ``A`` ``(N, F)`` or
-    ``None`` (the constant 1), ``G`` ``(N, k, H)``, with
-    :math:`\Theta_{(i,o),(j,o')} = \sum_{(A, G)} \langle A_i, A_j\rangle \langle G_{io}, G_{jo'}\rangle`."""
-
-    terms: list[tuple[Tensor | None, Tensor]]
-
-    @staticmethod
-    def cat(parts: list["Features"]) -> "Features":
-        terms = []
-        for t in range(len(parts[0].terms)):
-            a = None if parts[0].terms[t][0] is None else torch.cat([p.terms[t][0] for p in parts])
-            terms.append((a, torch.cat([p.terms[t][1] for p in parts])))
-        return Features(terms)
-
-    def index(self, idx: slice | Tensor) -> "Features":
-        return Features([(None if a is None else a[idx], g[idx]) for a, g in self.terms])
+    Sixteen :class:`lazykern.settings.chunk_bytes` (64 MiB by default): each batch costs a
+    forward and a backward pass with per-call overheads of milliseconds, so batches must hold
+    many samples, yet stay far below the features and kernel blocks they feed.
+    """
+    return 16 * settings.chunk_bytes.value()
 
 
 @dataclass
-class _Unit:
-    """One module that owns trainable parameters and how its features are formed."""
+class Unit:
+    """One module with trainable parameters, the rule handling it and what the probe learned."""
 
-    name: str
-    module: nn.Module
-    kind: str  # "linear" (factored or token), "fallback"
-    weight: bool = False
-    bias: bool = False
-    params: dict[str, Tensor] = field(default_factory=dict)
+    rule: Rule
+    axes: list[int]
+    pieces: list[Piece]
+
+    @property
+    def name(self) -> str:
+        return self.rule.layer
 
 
 @dataclass
-class NetworkInfo:
-    """What a probe forward pass learned about a network: the units, outputs and feature sizes."""
+class Network:
+    """What the probe forward passes learned about a network."""
 
-    units: list[_Unit]
+    model: nn.Module
+    units: list[Unit]
     num_outputs: int
-    num_params: int
     sample_shape: tuple[int, ...]
-    dtype: torch.dtype
-    device: torch.device
-    feature_numel: int  # per sample, all terms, full mode
-    implicit_dims: list[tuple[int, int]]  # (F, H) per factored term
-    explicit_dim: int  # P of the explicit term (0: none)
-    work_numel: int  # per sample, activations and cotangents held during extraction
+    input_dtype: torch.dtype
+    dtype: torch.dtype  # of the parameters
+    trainable: tuple[str, ...]  # qualified parameter names the NTK differentiates
+    work_numel: int  # numbers held per sample while its features are formed
+    # seconds per sample of the two ways to take the k output cotangents, measured on first use
+    backward_seconds: dict[str, float] = field(default_factory=dict)
+    backward_calls: int = 0
+
+    @property
+    def pieces(self) -> list[Piece]:
+        return [p for u in self.units for p in u.pieces]
+
+    def batch_size(self, total: int, itemsize: int) -> int:
+        return int(min(total, max(1, batch_bytes() // (self.work_numel * itemsize))))
 
 
 def _trainable_own(module: nn.Module) -> dict[str, Tensor]:
@@ -114,46 +99,70 @@ def check_network(model: object) -> None:
             )
         seen[id(p)] = name
     for name, module in model.named_modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.training:
+        kind = type(module).__name__
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            if module.training:
+                raise ValueError(
+                    f"module {name!r} ({kind}) is in training mode, which couples the samples of a batch; "
+                    "call model.eval() first"
+                )
+            if not module.track_running_stats:
+                raise ValueError(
+                    f"module {name!r} ({kind}) has track_running_stats=False, so even in eval mode it "
+                    "normalizes with batch statistics, which couples the samples of a batch"
+                )
+        dropout = (isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0) or (
+            isinstance(module, nn.MultiheadAttention) and module.dropout > 0
+        )
+        if dropout and module.training:
             raise ValueError(
-                f"module {name!r} ({type(module).__name__}) is in training mode, which couples the "
-                "samples of a batch; call model.eval() first"
+                f"module {name!r} ({kind}) is in training mode, which makes the network random; "
+                "call model.eval() first"
             )
-        if isinstance(module, nn.modules.dropout._DropoutNd) and module.training and module.p > 0:
+        if isinstance(module, nn.Embedding) and (module.max_norm is not None or module.scale_grad_by_freq):
             raise ValueError(
-                f"module {name!r} ({type(module).__name__}) is in training mode, which makes the "
-                "network random; call model.eval() first"
+                f"module {name!r} (Embedding) has max_norm={module.max_norm} and scale_grad_by_freq="
+                f"{module.scale_grad_by_freq}; expected max_norm=None (it rewrites the weights during the "
+                "forward) and scale_grad_by_freq=False (its gradients are not the Jacobian)"
             )
 
 
 class _Recorder:
-    """Forward hooks that keep each unit's inputs and output, removed on exit (also on error)."""
+    """Forward hooks that hand each unit's forward to its rule; removed on exit (also on error).
 
-    def __init__(self, units: list[_Unit]) -> None:
-        self.units = units
-        self.records: dict[str, tuple[tuple, dict, Tensor]] = {}
+    With ``keep=False`` the hooks only substitute the rules' outputs (the attention recomputed
+    from its projections, which unlike fused attention kernels has second derivatives).
+    """
+
+    def __init__(self, rules: list[Rule], keep: bool = True) -> None:
+        self.rules, self.keep = rules, keep
+        self.records: dict[str, list[Capture]] = {}
         self.active = False
 
-    def _hook(self, unit: _Unit):
-        def hook(module: nn.Module, args: tuple, kwargs: dict, output: object):
+    def _hook(self, rule: Rule):
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             if not self.active:
                 return None
-            if unit.name in self.records:
+            if rule.layer in self.records:
                 raise ValueError(
-                    f"module {unit.name!r} ran twice in one forward pass; reusing a module ties its "
+                    f"module {rule.layer!r} ran twice in one forward pass; reusing a module ties its "
                     "parameters, which is not supported"
                 )
-            if not isinstance(output, Tensor):
-                raise ValueError(f"module {unit.name!r} returned {type(output).__name__}; expected one tensor")
-            self.records[unit.name] = (args, kwargs, output)
-            # Later in-place operations (ReLU(inplace=True)) must not change the recorded output.
-            return output.clone()
+            captures, replacement = rule.capture(module, args, kwargs, output)
+            self.records[rule.layer] = captures if self.keep else []
+            out = output if replacement is None else replacement
+            # Later in-place operations (ReLU(inplace=True)) must not change a captured output.
+            if isinstance(out, Tensor):
+                return out.clone()
+            if isinstance(out, tuple):
+                return tuple(o.clone() if isinstance(o, Tensor) else o for o in out)
+            return out
 
         return hook
 
     @contextlib.contextmanager
     def recording(self) -> Iterator["_Recorder"]:
-        handles = [u.module.register_forward_hook(self._hook(u), with_kwargs=True) for u in self.units]
+        handles = [r.module.register_forward_hook(self._hook(r), with_kwargs=True) for r in self.rules]
         try:
             yield self
         finally:
@@ -162,26 +171,41 @@ class _Recorder:
             self.active = False
             self.records = {}
 
-    def run(self, model: nn.Module, x: Tensor) -> Tensor:
+    def run(self, model: nn.Module, params: dict[str, Tensor], x: Tensor) -> Any:
         self.records = {}
         self.active = True
         try:
-            return model(x)
+            return functional_call(model, params, (x,))
         finally:
             self.active = False
 
 
-def _units(model: nn.Module) -> list[_Unit]:
-    units = []
+def _rules(model: nn.Module) -> list[Rule]:
+    """One rule per module owning trainable parameters; children a rule claims join their claimant."""
+    rules: list[Rule] = []
+    claimed: dict[str, Rule] = {}
     for name, module in model.named_modules():
-        params = _trainable_own(module)
-        if not params:
+        owner = next((r for prefix, r in claimed.items() if name == prefix or name.startswith(prefix + ".")), None)
+        own = _trainable_own(module)
+        if owner is not None:
+            rel = name[len(owner.layer) + 1 :] if owner.layer else name
+            owner.trainable |= {f"{rel}.{n}" for n in own}
             continue
-        if type(module) is nn.Linear:
-            units.append(_Unit(name or "<model>", module, "linear", "weight" in params, "bias" in params))
-        else:
-            units.append(_Unit(name or "<model>", module, "fallback", params=params))
-    return units
+        if not own:
+            continue
+        rule = rule_for(module)(name, module, set(own))
+        rules.append(rule)
+        for child in rule.claims():
+            claimed[f"{name}.{child}" if name else child] = rule
+    return rules
+
+
+@contextlib.contextmanager
+def substituted(net: "Network") -> Iterator[Callable[[dict[str, Tensor], Tensor], Tensor]]:
+    """A forward ``(tensors, x) -> (N, k)`` outputs through the rules' substitutes (hooks removed on exit)."""
+    recorder = _Recorder([u.rule for u in net.units], keep=False)
+    with recorder.recording():
+        yield lambda call, x: _flat_outputs(recorder.run(net.model, call, x), x.shape[0])
 
 
 def _flat_outputs(out: object, batch: int) -> Tensor:
@@ -195,168 +219,216 @@ def _flat_outputs(out: object, batch: int) -> Tensor:
     return out.reshape(batch, -1)
 
 
-def inspect_network(model: nn.Module, x: Tensor, total: int) -> NetworkInfo:
-    """Probe forward pass on two samples: outputs, which units run, feature sizes; warns for fallbacks.
+def call_params(model: nn.Module, tensors: dict[str, Tensor], trainable: tuple[str, ...]) -> dict[str, Tensor]:
+    """The tensors a forward runs with: trainable parameters as tensors that require grad (the
+    operator's own when they do, else fresh leaves), so every captured output has a graph."""
+    out = dict(tensors)
+    for n in trainable:
+        if not out[n].requires_grad:
+            out[n] = out[n].detach().requires_grad_(True)
+    return out
 
-    Args:
-        total: the number of samples whose features will be formed (for the memory in the warning).
-    """
-    params = [p for p in model.parameters() if p.requires_grad]
-    if x.dtype != params[0].dtype:
-        raise TypeError(f"inputs have dtype {x.dtype} but the model's parameters are {params[0].dtype}")
-    if x.device != params[0].device:
-        raise ValueError(f"inputs are on {x.device} but the model's parameters are on {params[0].device}")
-    units = _units(model)
-    recorder = _Recorder(units)
-    probe = x[:2]
+
+def model_tensors(model: nn.Module) -> dict[str, Tensor]:
+    """Every floating parameter and buffer of ``model``, detached (what an NTK operator holds)."""
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    return {n: t.detach() for n, t in named if t.is_floating_point()}
+
+
+def _probe(model, rules, params, x, batch: int) -> tuple[Tensor, dict[str, list[Capture]]]:
+    recorder = _Recorder(rules)
+    idx = torch.arange(batch, device=x.device).clamp(max=x.shape[0] - 1) if batch == 2 else torch.zeros(batch, dtype=torch.long, device=x.device)
     with recorder.recording(), torch.enable_grad():
         try:
-            out = recorder.run(model, probe)
+            out = recorder.run(model, params, x[idx])
         except ValueError:
             raise
-        except Exception as err:  # the model's own shape errors, named as an input problem
+        except Exception as err:  # the model's own shape and type errors, named as an input problem
             raise ValueError(
-                f"model cannot be applied to inputs of shape (batch, {', '.join(map(str, x.shape[1:]))}): {err}"
+                f"model cannot be applied to inputs of shape (batch, {', '.join(map(str, x.shape[1:]))}) "
+                f"and dtype {x.dtype}: {err}"
             ) from err
-        out = _flat_outputs(out, probe.shape[0])
-        records = dict(recorder.records)
-    _check_reached(units, records, out)
+        out = _flat_outputs(out, batch)
+        return out, dict(recorder.records)
+
+
+def _sample_axis(rule: Rule, label: str, shape2: torch.Size, shape3: torch.Size) -> int:
+    axes = [i for i, (a, b) in enumerate(zip(shape2, shape3)) if a != b] if len(shape2) == len(shape3) else []
+    if len(axes) != 1 or shape2[axes[0]] != 2 or shape3[axes[0]] != 3:
+        raise ValueError(
+            f"module {rule.layer!r} ({type(rule.module).__name__}) output{f' {label!r}' if label else ''} has shapes "
+            f"{tuple(shape2)} and {tuple(shape3)} for 2 and 3 samples; the NTK needs one axis that indexes samples"
+        )
+    if rule.sample_axis_fixed() and axes[0] != 0:
+        raise ValueError(
+            f"module {rule.layer!r} ({type(rule.module).__name__}) sees samples along axis {axes[0]}; "
+            "its rule needs them first"
+        )
+    return axes[0]
+
+
+def inspect_network(model: nn.Module, x: Tensor, tensors: dict[str, Tensor]) -> Network:
+    """Probe forward passes on 2 and 3 samples: outputs, units, sample axes, sizes."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    dtype = params[0].dtype
+    if x.is_floating_point() and x.dtype != dtype:
+        raise TypeError(f"inputs have dtype {x.dtype} but the model's parameters are {dtype}")
+    if x.device != params[0].device:
+        raise ValueError(f"inputs are on {x.device} but the model's parameters are on {params[0].device}")
+    rules = _rules(model)
+    trainable = tuple(n for n, p in model.named_parameters() if p.requires_grad)
+    call = call_params(model, tensors, trainable)
+    out, records = _probe(model, rules, call, x, 2)
+    rules = _reached(model, rules, records, out, call)
+    _, records3 = _probe(model, rules, call, x, 3)
     k = out.shape[1]
-    ran = [u for u in units if u.name in records]
-    implicit, explicit, work = [], 0, k
-    for u in ran:
-        args, _, z = records[u.name]
-        work += sum(a[0].numel() for a in args if isinstance(a, Tensor)) + (k + 1) * z[0].numel()
-        if u.kind == "linear":
-            a = args[0]
-            f_in, h = u.module.in_features, u.module.out_features
-            if a.dim() == 2 and u.weight:
-                implicit.append((f_in + int(u.bias), h))
-            else:
-                explicit += h * (f_in * int(u.weight) + int(u.bias))
-        else:
-            p = sum(t.numel() for t in u.params.values())
-            explicit += p
-            warnings.warn(
-                f"lazykern.ntk: module {u.name!r} ({type(u.module).__name__}) has no factored NTK rule; "
-                f"using explicit per-sample gradients of its {p} parameters "
-                f"({total * k * p * x.element_size() / 2**20:.1f} MiB for {total} samples)",
-                NTKFallbackWarning,
-                stacklevel=4,
+    units, work = [], k
+    for rule in rules:
+        captures = records[rule.layer]
+        axes = [_sample_axis(rule, c.label, c.z.shape, c3.z.shape) for c, c3 in zip(captures, records3[rule.layer])]
+        pieces = rule.pieces(captures, axes, k)
+        if isinstance(rule, FallbackRule):
+            rule.warn(pieces[0], x.shape[0], torch.empty((), dtype=dtype).element_size())
+        units.append(Unit(rule, axes, pieces))
+        for c in captures:
+            ctx = sum(t.numel() for t in c.ctx.values() if isinstance(t, Tensor))
+            work += (ctx + (k + 2) * c.z.numel()) // 2
+    for p in (p for u in units for p in u.pieces):
+        work += 2 * max(p.feature_numel(f) for f in p.forms) + p.groups * p.tokens * p.width_in
+    return Network(model, units, k, tuple(x.shape[1:]), x.dtype, dtype, trainable, work)
+
+
+def _reached(model: nn.Module, rules: list[Rule], records: dict, out: Tensor, call: dict[str, Tensor]) -> list[Rule]:
+    """Rules whose module ran. A module that did not run but whose parameters reach the output is
+    covered by a fallback ancestor that ran (it differentiates through the child), else refused."""
+    ran = [r for r in rules if r.layer in records]
+    kept = []
+    for r in rules:
+        if r.layer in records:
+            kept.append(r)
+            continue
+        parent = next(
+            (p for p in ran if isinstance(p, FallbackRule) and (not p.layer or r.layer.startswith(p.layer + "."))),
+            None,
+        )
+        if parent is not None:
+            rel = r.layer[len(parent.layer) + 1 :] if parent.layer else r.layer
+            parent.trainable |= {f"{rel}.{n}" for n in r.trainable}
+            continue
+        prefix = f"{r.layer}." if r.layer else ""
+        leaves = [call[prefix + n] for n in r.trainable]
+        grads = torch.autograd.grad(out.sum(), leaves, allow_unused=True, retain_graph=True) if out.requires_grad else []
+        if any(g is not None for g in grads):
+            raise ValueError(
+                f"the parameters of module {r.layer!r} affect the output without its forward being "
+                "called (used functionally by a parent module); not supported"
             )
-    feature_numel = sum(f + k * h for f, h in implicit) + k * explicit
-    return NetworkInfo(
-        units=ran,
-        num_outputs=k,
-        num_params=sum(p.numel() for p in params),
-        sample_shape=tuple(x.shape[1:]),
-        dtype=x.dtype,
-        device=x.device,
-        feature_numel=feature_numel,
-        implicit_dims=implicit,
-        explicit_dim=explicit,
-        work_numel=work + feature_numel,
-    )
-
-
-def _check_reached(units: list[_Unit], records: dict, out: Tensor) -> None:
-    """A module whose forward never ran but whose parameters reach the output is used functionally
-    (e.g. a parent reads ``child.weight``): its contribution would be silently lost, so refuse."""
-    owners = [(u, p) for u in units if u.name not in records for p in _trainable_own(u.module).values()]
-    if owners and out.requires_grad:
-        grads = torch.autograd.grad(out.sum(), [p for _, p in owners], allow_unused=True)
-        for (u, _), g in zip(owners, grads):
-            if g is not None:
-                raise ValueError(
-                    f"the parameters of module {u.name!r} affect the output without its forward being "
-                    "called (used functionally by a parent module); not supported"
-                )
-    if not any(u.name in records for u in units):
+    if not kept:
         raise ValueError("none of the model's trainable parameters affects its output")
+    return kept
 
 
-def batch_size(info: NetworkInfo, total: int) -> int:
-    """Samples per extraction batch, so activations, cotangents and graph stay near ``chunk_bytes``."""
-    # x3: the autograd graph keeps roughly another copy of the activations.
-    per_sample = 3 * info.work_numel * torch.empty((), dtype=info.dtype).element_size()
-    return int(min(total, max(1, settings.chunk_bytes.value() // per_sample)))
+def _local(params: dict[str, Tensor], layer: str) -> dict[str, Tensor]:
+    if not layer:
+        return params
+    prefix = layer + "."
+    return {n[len(prefix) :]: t for n, t in params.items() if n.startswith(prefix)}
 
 
-def _per_sample_grads(unit: _Unit, args: tuple, kwargs: dict, cot: Tensor) -> Tensor:
-    """Explicit per-sample gradients ``(B, k, P)`` of one module's own parameters, via torch.func."""
-    params = {n: p.detach() for n, p in unit.params.items()}
-    in_dims = tuple(0 if isinstance(a, Tensor) else None for a in args)
-    args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
+def _cotangents(net: Network, out: Tensor, wanted: list[Tensor], differentiable: bool) -> list[Tensor | None]:
+    r""":math:`\partial f_o / \partial z` for every output ``o`` and captured ``z``, ``(k, *z.shape)`` each.
 
-    def one(g_b: Tensor, *args_b: object) -> dict[str, Tensor]:
-        def f(p: dict[str, Tensor]) -> Tensor:
-            batched = tuple(a.unsqueeze(0) if isinstance(a, Tensor) else a for a in args_b)
-            return functional_call(unit.module, p, batched, kwargs)
-
-        _, pullback = vjp(f, params)
-        return vmap(pullback)(g_b.unsqueeze(1))[0]
-
-    grads = vmap(one, in_dims=(0, *in_dims))(cot.transpose(0, 1), *args)
-    b, k = cot.shape[1], cot.shape[0]
-    return torch.cat([grads[n].reshape(b, k, -1) for n in params], dim=-1)
-
-
-def _batch_features(model: nn.Module, recorder: _Recorder, info: NetworkInfo, x: Tensor) -> Features:
-    k = info.num_outputs
-    out = _flat_outputs(recorder.run(model, x), x.shape[0])
-    records = recorder.records
-    zs = [records[u.name][2] for u in info.units]
+    Either one backward pass vectorised over the one-hot output cotangents (``is_grads_batched``:
+    few large operations, but operations without a batching rule fall back to slow loops, 8x
+    slower than plain passes for a global average pool in measurements) or ``k`` plain backward
+    passes. The second and third sample batches each measure one way (the first warms up what
+    either loads on first use); later batches take the faster.
+    """
+    k, n = out.shape[1], out.shape[0]
     eye = torch.eye(k, dtype=out.dtype, device=out.device)
-    cot = eye.unsqueeze(1).expand(k, x.shape[0], k)
-    cots = torch.autograd.grad(out, zs, grad_outputs=cot, is_grads_batched=True, allow_unused=True)
-    factored: list[tuple[Tensor | None, Tensor]] = []
-    explicit: list[Tensor] = []
-    for u, g in zip(info.units, cots):
-        args, kwargs, z = records[u.name]
-        if g is None:
-            g = torch.zeros((k, *z.shape), dtype=z.dtype, device=z.device)
-        g = g.detach()
-        if u.kind == "fallback":
-            explicit.append(_per_sample_grads(u, args, kwargs, g))
-            continue
-        a = args[0].detach()
-        if a.dim() == 2 and u.weight:
-            if u.bias:
-                a = torch.cat([a, torch.ones_like(a[:, :1])], dim=1)
-            factored.append((a, g.transpose(0, 1)))
-            continue
-        a = a.reshape(a.shape[0], -1, a.shape[-1])  # (B, T, F)
-        g = g.reshape(k, a.shape[0], -1, g.shape[-1])  # (k, B, T, H)
-        parts = []
-        if u.weight:
-            parts.append(torch.einsum("kbth,btf->bkhf", g, a).reshape(a.shape[0], k, -1))
-        if u.bias:
-            parts.append(g.sum(2).transpose(0, 1))
-        explicit.append(torch.cat(parts, dim=-1))
-    if explicit:
-        factored.append((None, torch.cat(explicit, dim=-1)))
-    return Features(factored)
+    calls = net.backward_calls
+    way = ("loop", "batched", "loop")[calls] if calls < 3 else min(net.backward_seconds, key=net.backward_seconds.get)
+    if out.device.type == "cuda":
+        torch.cuda.synchronize(out.device)
+    start = time.perf_counter()
+    if way == "batched":
+        grads = list(torch.autograd.grad(out, wanted, grad_outputs=eye.unsqueeze(1).expand(k, n, k),
+                                         is_grads_batched=True, create_graph=differentiable, allow_unused=True))
+    else:
+        per_output = [
+            torch.autograd.grad(out, wanted, grad_outputs=eye[o].expand(n, k), retain_graph=differentiable or o < k - 1,
+                                create_graph=differentiable, allow_unused=True)
+            for o in range(k)
+        ]
+        # samples first in memory, (k, N, ...) as a view: per-sample gradients then read it in place
+        grads = [None if gs[0] is None else torch.stack(gs, dim=1).transpose(0, 1) for gs in zip(*per_output)]
+    if out.device.type == "cuda":
+        torch.cuda.synchronize(out.device)
+    if 1 <= calls < 3:
+        net.backward_seconds[way] = (time.perf_counter() - start) / n
+    net.backward_calls += 1
+    return grads
 
 
-def stream(model: nn.Module, info: NetworkInfo, x: Tensor, consume: Callable[[slice, Features], None]) -> None:
-    """Call ``consume(rows, features)`` for each sample batch of ``x``; hooks are removed on return
-    and on error (a callback rather than a generator, so no suspended generator keeps them)."""
+def _batch_terms(
+    net: Network, recorder: _Recorder, call: dict[str, Tensor], x: Tensor, differentiable: bool
+) -> list[list[Term]]:
+    k, n = net.num_outputs, x.shape[0]
+    out = _flat_outputs(recorder.run(net.model, call, x), n)
+    records = recorder.records
+    captures = [(u, c) for u in net.units for c in records[u.name]]
+    wanted = [c.z for _, c in captures if c.z.requires_grad]
+    grads = iter(_cotangents(net, out, wanted, differentiable))
+    terms: list[list[Term]] = []
+    for u in net.units:
+        cots = []
+        for c in records[u.name]:
+            g = next(grads) if c.z.requires_grad else None
+            cots.append(torch.zeros((k, *c.z.shape), dtype=c.z.dtype, device=c.z.device) if g is None else g)
+        terms += u.rule.terms(records[u.name], cots, u.axes, u.pieces, _local(call, u.name))
+    if not differentiable:
+        terms = [map_terms(t, Tensor.detach) for t in terms]
+    return terms
+
+
+def stream(
+    net: Network,
+    tensors: dict[str, Tensor],
+    x: Tensor,
+    consume: Callable[[slice, list[Term]], None],
+    *,
+    differentiable: bool = False,
+) -> None:
+    """Call ``consume(rows, terms)`` for each sample batch of ``x``; hooks are removed on return and
+    on error (a callback rather than a generator, so no suspended generator keeps them)."""
     n = x.shape[0]
-    step = batch_size(info, n)
-    recorder = _Recorder(info.units)
+    step = net.batch_size(n, torch.empty((), dtype=net.dtype).element_size())
+    recorder = _Recorder([u.rule for u in net.units])
+    call = call_params(net.model, tensors, net.trainable)
     with recorder.recording(), torch.enable_grad():
         for start in range(0, n, step):
             rows = slice(start, min(n, start + step))
-            consume(rows, _batch_features(model, recorder, info, x[rows]))
+            xb = x[rows] if differentiable else x[rows].detach()
+            consume(rows, [t for piece in _batch_terms(net, recorder, call, xb, differentiable) for t in piece])
 
 
-def extract(model: nn.Module, info: NetworkInfo, x: Tensor) -> Features:
-    """All features of ``x`` (``info.feature_numel`` numbers per sample)."""
-    parts: list[Features] = []
-    stream(model, info, x, lambda rows, f: parts.append(f))
-    return Features.cat(parts)
+def piece_terms(net: Network, tensors: dict[str, Tensor], x: Tensor) -> list[list[Term]]:
+    """The features of ``x`` (one batch) per piece of ``net.pieces``: what the plan describes."""
+    recorder = _Recorder([u.rule for u in net.units])
+    with recorder.recording(), torch.enable_grad():
+        return _batch_terms(net, recorder, call_params(net.model, tensors, net.trainable), x, False)
 
 
-def feature_bytes(info: NetworkInfo, n: int) -> int:
-    return n * info.feature_numel * torch.empty((), dtype=info.dtype).element_size()
+def extract(net: Network, tensors: dict[str, Tensor], x: Tensor, *, differentiable: bool = False) -> list[Term]:
+    """All features of ``x``."""
+    parts: list[list[Term]] = []
+    if differentiable:  # concatenation keeps the graph
+        stream(net, tensors, x, lambda rows, t: parts.append(t), differentiable=True)
+        return parts[0] if len(parts) == 1 else cat_terms(parts)
+    out: list[list[Term] | None] = [None]
 
+    def consume(rows: slice, terms: list[Term]) -> None:
+        out[0] = write_terms(out[0], rows, terms, x.shape[0])
+
+    stream(net, tensors, x, consume)
+    return out[0]

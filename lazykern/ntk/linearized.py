@@ -2,9 +2,11 @@ r"""NTK products without features: :math:`\Theta V = J_1 (J_2^\top V)`.
 
 :math:`J_2^\top V` is one vector-Jacobian product over the column samples (plain autograd, batched
 over right-hand sides), :math:`J_1 p` one Jacobian-vector product over the row samples
-(:func:`torch.func.jvp` through :func:`torch.func.functional_call`, vmapped over right-hand sides).
+(two reverse passes, batched over right-hand sides), both through the rules' substitutes
+(:func:`~lazykern.ntk.features.substituted`).
 Both run in sample batches, so a product costs :math:`O((N_1 + N_2) P)` time per right-hand side
-and :math:`O(P)` memory per right-hand side beyond one batch.
+and :math:`O(P)` memory per right-hand side beyond one batch. With ``differentiable=True`` both keep
+their graphs, so the product differentiates with respect to the inputs and the network's tensors.
 
 For the trace kernel :math:`\sum_o \Theta_{oo}` each output needs its own product, so the cost is
 :math:`k` times that of a full-mode product.
@@ -13,73 +15,91 @@ For the trace kernel :math:`\sum_o \Theta_{oo}` each output needs its own produc
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
-from torch.func import functional_call, jvp, vmap
+from torch import Tensor
 
-from .features import NetworkInfo, batch_size
+from .features import Network, call_params, substituted
 
 __all__ = ["linearized_matmul"]
 
 
-def _trainable(model: nn.Module) -> dict[str, Tensor]:
-    return {n: p for n, p in model.named_parameters() if p.requires_grad}
-
-
-def _pullback(model: nn.Module, info: NetworkInfo, x2: Tensor, cot: Tensor) -> dict[str, Tensor]:
+def _pullback(forward, net: Network, call: dict[str, Tensor], x2: Tensor, cot: Tensor, differentiable: bool) -> dict[str, Tensor]:
     """:math:`\\sum_j J(x_j)^\\top c_{\\cdot j}` for a batch of cotangents ``cot`` ``(R, N2, k)``."""
-    params = _trainable(model)
-    total = {n: torch.zeros((cot.shape[0], *p.shape), dtype=p.dtype, device=p.device) for n, p in params.items()}
-    step = batch_size(info, x2.shape[0])
+    leaves = {n: call[n] for n in net.trainable}
+    total = {n: torch.zeros((cot.shape[0], *p.shape), dtype=p.dtype, device=p.device) for n, p in leaves.items()}
+    step = net.batch_size(x2.shape[0], cot.element_size())
     with torch.enable_grad():
         for start in range(0, x2.shape[0], step):
             xb = x2[start : start + step]
-            out = model(xb).reshape(xb.shape[0], -1)
+            out = forward(call, xb)
             grads = torch.autograd.grad(
-                out, list(params.values()), grad_outputs=cot[:, start : start + step], is_grads_batched=True,
-                allow_unused=True,
+                out, list(leaves.values()), grad_outputs=cot[:, start : start + step], is_grads_batched=True,
+                allow_unused=True, create_graph=differentiable,
             )
-            for n, g in zip(params, grads):
+            for n, g in zip(leaves, grads):
                 if g is not None:
-                    total[n] += g
+                    total[n] = total[n] + g
     return total
 
 
-def _pushforward(model: nn.Module, info: NetworkInfo, x1: Tensor, tangents: dict[str, Tensor]) -> Tensor:
-    """:math:`J(x_i)\\, t_r` for every row sample and each of the ``R`` tangents: ``(R, N1, k)``."""
-    params = {n: p.detach() for n, p in _trainable(model).items()}
-    step = batch_size(info, x1.shape[0])
+def _pushforward(forward, net: Network, call: dict[str, Tensor], x1: Tensor, tangents: dict[str, Tensor], differentiable: bool) -> Tensor:
+    r""":math:`J(x_i)\, t_r` for every row sample and each of the ``R`` tangents: ``(R, N1, k)``.
+
+    As the derivative of the linear map :math:`u \mapsto \langle J^\top u, t_r\rangle` (two reverse
+    passes) rather than by forward-mode AD: fused inference kernels (the Transformer fast path)
+    have no forward-mode derivative, and reverse mode keeps the modules' own forwards running.
+    """
+    names = [n for n in net.trainable]
+    leaves = [call[n] for n in names]
+    step = net.batch_size(x1.shape[0], leaves[0].element_size())
+    r = next(iter(tangents.values())).shape[0]
     blocks = []
-    for start in range(0, x1.shape[0], step):
-        xb = x1[start : start + step]
-
-        def f(p: dict[str, Tensor]) -> Tensor:
-            return functional_call(model, p, (xb,)).reshape(xb.shape[0], -1)
-
-        blocks.append(vmap(lambda t: jvp(f, (params,), (t,))[1])(tangents))
+    with torch.enable_grad():
+        for start in range(0, x1.shape[0], step):
+            xb = x1[start : start + step]
+            out = forward(call, xb)
+            u = torch.zeros_like(out, requires_grad=True)
+            pulled = torch.autograd.grad(out, leaves, grad_outputs=u, create_graph=True, allow_unused=True)
+            used = [(g, tangents[n]) for g, n in zip(pulled, names) if g is not None and g.requires_grad]
+            if not used:
+                blocks.append(out.new_zeros(r, *out.shape))
+                continue
+            (block,) = torch.autograd.grad(
+                [g for g, _ in used], u, grad_outputs=[t for _, t in used], is_grads_batched=True,
+                create_graph=differentiable, allow_unused=True,
+            )
+            blocks.append(out.new_zeros(r, *out.shape) if block is None else block)
     return torch.cat(blocks, dim=1)
 
 
-def linearized_matmul(model: nn.Module, info: NetworkInfo, x1: Tensor, x2: Tensor, rhs: Tensor, mode: str) -> Tensor:
+def linearized_matmul(
+    net: Network, tensors: dict[str, Tensor], x1: Tensor, x2: Tensor, rhs: Tensor, mode: str, differentiable: bool
+) -> Tensor:
     r""":math:`\Theta(x_1, x_2)\, V` through the network itself.
 
     Args:
+        tensors: the network's floating parameters and buffers to evaluate with.
         rhs: ``(N2 * k, C)`` in full mode (row ``j * k + o``), ``(N2, C)`` in trace mode.
 
     Returns:
         ``(N1 * k, C)`` or ``(N1, C)``.
     """
-    k, c, n2 = info.num_outputs, rhs.shape[-1], x2.shape[0]
-    with torch.no_grad():
-        if mode == "full":
-            cot = rhs.reshape(n2, k, c).permute(2, 0, 1)  # (C, N2, k)
-        else:
-            # cotangent (o, c): v_{jc} on output o only, so that row o of the result is J_o^T v_c
-            eye = torch.eye(k, dtype=rhs.dtype, device=rhs.device)
-            cot = torch.einsum("jc,op->ocjp", rhs, eye).reshape(k * c, n2, k)
-    tangents = _pullback(model, info, x2, cot)
-    with torch.no_grad():
-        out = _pushforward(model, info, x1, tangents)  # (R, N1, k)
-        if mode == "full":
-            return out.permute(1, 2, 0).reshape(-1, c)
-        out = out.reshape(k, c, -1, k)
-        return torch.einsum("ocio->ic", out)
+    k, c, n2 = net.num_outputs, rhs.shape[-1], x2.shape[0]
+    call = call_params(net.model, tensors, net.trainable)
+    if not differentiable:
+        x1, x2, rhs = x1.detach(), x2.detach(), rhs.detach()
+    if mode == "full":
+        cot = rhs.reshape(n2, k, c).permute(2, 0, 1)  # (C, N2, k)
+    else:
+        # cotangent (o, c): v_{jc} on output o only, so that row o of the result is J_o^T v_c
+        eye = torch.eye(k, dtype=rhs.dtype, device=rhs.device)
+        cot = torch.einsum("jc,op->ocjp", rhs, eye).reshape(k * c, n2, k)
+    with substituted(net) as forward:
+        tangents = _pullback(forward, net, call, x2, cot, differentiable)
+        if not differentiable:
+            tangents = {n: t.detach() for n, t in tangents.items()}
+        out = _pushforward(forward, net, call, x1, tangents, differentiable)  # (R, N1, k)
+    if not differentiable:
+        out = out.detach()
+    if mode == "full":
+        return out.permute(1, 2, 0).reshape(-1, c)
+    return torch.einsum("ocio->ic", out.reshape(k, c, -1, k))

@@ -2,112 +2,90 @@ r"""The empirical NTK as a ``linear_operator`` ``LinearOperator`` and :func:`emp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import itertools
+import math
+import weakref
+from typing import Any, Mapping
 
 import torch
 from linear_operator.operators import LinearOperator
 from torch import Tensor, nn
 
 from .. import settings
-from ..validation import check_floating_matrix
+from ..validation import check_samples
 from . import features as feat
+from . import products
 from .linearized import linearized_matmul
-from .pairwise import dense_blocks, diagonal, entries, pairwise_matmul
+from .plan import NTKPlan, apply_forms, choose_backend
+from .terms import Term, index_terms, terms_bytes
 
-__all__ = ["NTKOperator", "empirical_ntk", "MODES", "BACKENDS", "choose_backend"]
+__all__ = ["NTKOperator", "empirical_ntk", "MODES", "BACKENDS"]
 
 MODES = ("full", "trace")
 BACKENDS = ("auto", "keops", "dense", "linearized")
 
-# Measured throughputs on the 2-core development CPU (see docs/ntk.rst, "Choosing a backend"), in
-# multiply-adds per second: the pairwise work of a tiled BLAS product, of a KeOps reduction, and
-# the per-parameter work of a vector-Jacobian plus a Jacobian-vector product through the network.
-RATE_DENSE = 1.5e10
-RATE_KEOPS = 1.2e8
-RATE_LINEARIZED = 1.5e9
-# Extracting features costs about one forward and k backward passes: per sample and parameter.
-RATE_FEATURES = 1.5e9
 
+class _FeatureCache:
+    """Features of the inputs an operator family has met, for repeated products (CG).
 
-@dataclass
-class _Side:
-    """One set of samples and, once a backend needs them, their features."""
-
-    x: Tensor
-    features: feat.Features | None = None
-
-    def index(self, idx: slice | Tensor) -> "_Side":
-        return _Side(self.x[idx], None if self.features is None else self.features.index(idx))
-
-
-class _Plan:
-    """Everything an :class:`NTKOperator` shares with the copies ``linear_operator`` makes of it."""
-
-    def __init__(self, model: nn.Module, info: feat.NetworkInfo, mode: str, backend: str, side1: _Side, side2: _Side):
-        self.model, self.info, self.mode, self.backend = model, info, mode, backend
-        self.side1, self.side2 = side1, side2
-
-    @property
-    def k(self) -> int:
-        return self.info.num_outputs
-
-    def transposed(self) -> "_Plan":
-        return _Plan(self.model, self.info, self.mode, self.backend, self.side2, self.side1)
-
-    def subset(self, rows: slice | Tensor | None, cols: slice | Tensor | None) -> "_Plan":
-        side1 = self.side1 if rows is None else self.side1.index(rows)
-        side2 = self.side2 if cols is None else self.side2.index(cols)
-        return _Plan(self.model, self.info, self.mode, self.backend, side1, side2)
-
-    def features(self, side: _Side) -> feat.Features:
-        if side.features is None:
-            side.features = feat.extract(self.model, self.info, side.x)
-        return side.features
-
-    def cached_features(self) -> tuple[feat.Features, feat.Features]:
-        return self.features(self.side1), self.features(self.side2)
-
-
-def choose_backend(info: feat.NetworkInfo, n1: int, n2: int, num_rhs: int, mode: str, features_cached: bool) -> str:
-    r"""The backend ``backend="auto"`` uses for one product with ``num_rhs`` columns.
-
-    Estimated seconds, with the throughputs measured on this machine (module constants):
-
-    .. math::
-
-        t_\text{pairwise} = \frac{N_1 N_2 \sum_l (F_l + H_l C)}{R} + t_\text{features}, \qquad
-        t_\text{linearized} = \frac{(N_1 + N_2)\, P\, C\, (k \text{ in trace mode})}{R_\text{lin}},
-
-    with :math:`F_l + k H_l + C` per pair in trace mode and :math:`R` the dense (BLAS) or KeOps
-    rate. Backends that need features (``"dense"``, ``"keops"``) are skipped when the features of
-    both sides would exceed :class:`lazykern.settings.max_dense_bytes`.
+    Keyed by the input tensor object (held weakly: a tensor that dies takes its entry's validity
+    with it, and a new tensor at the same address never matches), its version counter, the batch
+    element, and the operator's first parameter tensor (so ``.double()`` copies miss). Only
+    features formed without a graph are kept, and only while the total stays within
+    :class:`lazykern.settings.max_dense_bytes` (oldest dropped first). Not pickled.
     """
-    k, c = info.num_outputs, num_rhs
-    if mode == "full":
-        per_pair = sum(f + h * c for f, h in info.implicit_dims)
-    else:
-        per_pair = sum(f + k * h + c for f, h in info.implicit_dims)
-    pairwise = n1 * n2 * per_pair
-    # the explicit term is low rank: (N1 + N2) * k * P_explicit per column
-    pairwise += (n1 + n2) * k * info.explicit_dim * c
-    extraction = 0.0 if features_cached else (n1 + n2) * info.num_params * (1 + k) / RATE_FEATURES
-    times = {
-        "linearized": (n1 + n2) * info.num_params * c * (k if mode == "trace" else 1) / RATE_LINEARIZED,
-    }
-    if features_cached or feat.feature_bytes(info, n1 + n2) <= settings.max_dense_bytes.value():
-        times["dense"] = pairwise / RATE_DENSE + extraction
-        times["keops"] = pairwise / RATE_KEOPS + extraction
-    return min(times, key=times.get)
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple, tuple[weakref.ref, tuple[int, ...], list[Term], int]] = {}
+
+    @staticmethod
+    def _versions(x: Tensor, tensors: tuple[Tensor, ...]) -> tuple[int, ...]:
+        # an optimizer step changes the parameters in place, which bumps their version counters
+        return (x._version, *(t._version for t in tensors))
+
+    def get(self, x: Tensor, item: tuple, tensors: tuple[Tensor, ...]) -> list[Term] | None:
+        entry = self._entries.get((id(x), item, id(tensors[0])))
+        if entry is None or entry[0]() is not x or entry[1] != self._versions(x, tensors):
+            return None
+        return entry[2]
+
+    def put(self, x: Tensor, item: tuple, tensors: tuple[Tensor, ...], terms: list[Term]) -> None:
+        size = terms_bytes(terms)
+        budget = settings.max_dense_bytes.value()
+        if size > budget:
+            return
+        self._entries[(id(x), item, id(tensors[0]))] = (weakref.ref(x), self._versions(x, tensors), terms, size)
+        while sum(e[3] for e in self._entries.values()) > budget:
+            del self._entries[next(iter(self._entries))]
+
+    def __getstate__(self) -> dict:
+        return {"_entries": {}}
 
 
 class NTKOperator(LinearOperator):
     r"""The empirical NTK :math:`\Theta(x^{(1)}, x^{(2)})` of a network, never stored.
 
-    Build it with :func:`empirical_ntk`. Full mode: shape ``(N1 * k, N2 * k)``, row ``i * k + o``;
-    trace mode: ``(N1, N2)``. Products run on the backend chosen at construction
-    (``"auto"``: per product, by :func:`choose_backend`); the diagonal, gathered entries and
-    :meth:`to_dense` always come from per-layer features.
+    Build it with :func:`empirical_ntk` (or through :class:`~lazykern.ntk.NTKKernel`). Full mode:
+    shape ``(*batch, N1 k, N2 k)``, row ``i k + o``; trace mode: ``(*batch, N1, N2)``. It is
+    represented by the inputs and by the network's floating parameters and buffers
+    (``representation()``), so dtype and device conversions, batch operations (``unsqueeze``,
+    ``expand``, ``permute``, indexing) and gradients with respect to any of them behave as for any
+    ``linear_operator`` operator; the network itself only supplies the computation. Products run on
+    the backend chosen at construction (``"auto"``: per product, by
+    :func:`~lazykern.ntk.plan.choose_backend`); the diagonal, gathered entries and
+    :meth:`to_dense` come from per-layer features, formed in sample batches and kept only when the
+    product backend already keeps them.
+
+    Args:
+        x1: ``(*batch, N1, *sample_shape)`` row inputs.
+        x2: ``(*batch, N2, *sample_shape)`` column inputs (batch shapes broadcast).
+        *tensors: the network's floating parameters and buffers, in the order of ``names``.
+        network: what :func:`~lazykern.ntk.features.inspect_network` learned.
+        plan: the per-layer forms (:class:`~lazykern.ntk.NTKPlan`).
+        names: qualified names of ``tensors``.
+        backend: ``"auto"``, ``"keops"``, ``"dense"`` or ``"linearized"``.
+        sample_ndim: ``len(sample_shape)``.
+        cache: shared feature cache.
 
     Example:
         >>> import torch
@@ -117,16 +95,64 @@ class NTKOperator(LinearOperator):
         torch.Size([10])
     """
 
-    def __init__(self, x1: Tensor, x2: Tensor, *, plan: _Plan) -> None:
-        super().__init__(x1, x2, plan=plan)
-        self.plan = plan
+    def __init__(
+        self,
+        x1: Tensor,
+        x2: Tensor,
+        *tensors: Tensor,
+        network: feat.Network,
+        plan: NTKPlan,
+        names: tuple[str, ...],
+        backend: str,
+        sample_ndim: int,
+        cache: _FeatureCache,
+    ) -> None:
+        super().__init__(x1, x2, *tensors, network=network, plan=plan, names=names, backend=backend,
+                         sample_ndim=sample_ndim, cache=cache)
+        self.network, self.plan, self.names, self.backend = network, plan, names, backend
+        self.sample_ndim, self.cache = sample_ndim, cache
 
-    # ------------------------------------------------------------------ structure
+    # ------------------------------------------------------------------ representation
+    @property
+    def x1(self) -> Tensor:
+        return self._args[0]
+
+    @property
+    def x2(self) -> Tensor:
+        return self._args[1]
+
+    @property
+    def tensors(self) -> dict[str, Tensor]:
+        return dict(zip(self.names, self._args[2:]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._args[2].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.x1.device
+
+    def _new(self, x1: Tensor, x2: Tensor, tensors: tuple[Tensor, ...] | None = None) -> "NTKOperator":
+        return NTKOperator(x1, x2, *(self._args[2:] if tensors is None else tensors), **self._kwargs)
+
+    def _batch(self, x: Tensor) -> torch.Size:
+        return x.shape[: x.dim() - 1 - self.sample_ndim]
+
+    def _full_batch(self) -> tuple[Tensor, Tensor]:
+        """Both inputs expanded to the operator's batch shape (views)."""
+        batch = self.batch_shape
+        return tuple(x.expand(*batch, *x.shape[len(self._batch(x)) :]) for x in (self.x1, self.x2))
+
+    @property
+    def _k(self) -> int:
+        return self.plan.outputs if self.plan.mode == "full" else 1
+
     def _size(self) -> torch.Size:
-        n1, n2 = self.plan.side1.x.shape[0], self.plan.side2.x.shape[0]
-        if self.plan.mode == "full":
-            return torch.Size((n1 * self.plan.k, n2 * self.plan.k))
-        return torch.Size((n1, n2))
+        batch = torch.broadcast_shapes(self._batch(self.x1), self._batch(self.x2))
+        n1 = self.x1.shape[len(self._batch(self.x1))]
+        n2 = self.x2.shape[len(self._batch(self.x2))]
+        return torch.Size((*batch, n1 * self._k, n2 * self._k))
 
     @property
     def num_outputs_per_input(self) -> tuple[int, int]:
@@ -135,62 +161,178 @@ class NTKOperator(LinearOperator):
         return k, k
 
     def _transpose_nonbatch(self) -> "NTKOperator":
-        plan = self.plan.transposed()
-        return NTKOperator(plan.side1.x, plan.side2.x, plan=plan)
+        return self._new(self.x2, self.x1)
+
+    def _expand_batch(self, batch_shape: torch.Size) -> "NTKOperator":
+        return self._new(*(x.expand(*batch_shape, *x.shape[len(self._batch(x)) :]) for x in (self.x1, self.x2)))
+
+    def _unsqueeze_batch(self, dim: int) -> "NTKOperator":
+        return self._new(*(x.unsqueeze(dim) for x in self._full_batch()))
+
+    def _permute_batch(self, *dims: int) -> "NTKOperator":
+        return self._new(*(x.permute(*dims, *range(len(dims), x.dim())) for x in self._full_batch()))
+
+    # ------------------------------------------------------------------ features
+    def _differentiable(self) -> bool:
+        """Whether results must carry a graph: grad mode on and some representation tensor requires grad."""
+        return torch.is_grad_enabled() and any(t.requires_grad for t in self._args)
+
+    def _items(self) -> list[tuple[tuple, Tensor, Tensor]]:
+        """Per batch element: its index and the two sample sets."""
+        x1, x2 = self._full_batch()
+        return [(b, x1[b], x2[b]) for b in itertools.product(*(range(s) for s in self.batch_shape))]
+
+    def _shared(self, x1: Tensor, x2: Tensor) -> bool:
+        """Whether both sides are the same samples, whose features are formed once: the same
+        tensor, or (when no gradient is being taken) the same memory viewed the same way."""
+        if self.x1 is self.x2:
+            return True
+        same = x1.shape == x2.shape and x1.data_ptr() == x2.data_ptr() and x1.stride() == x2.stride()
+        return same and not self._differentiable()
+
+    def _cached(self, root: Tensor, item: tuple) -> list[Term] | None:
+        return self.cache.get(root, item, self._args[2:])
+
+    def _features(self, x: Tensor, root: Tensor, item: tuple, *, keep: bool, differentiable: bool) -> list[Term]:
+        """Features of the samples ``x`` (batch element ``item`` of ``root``); cached when ``keep``."""
+        if not differentiable:
+            cached = self._cached(root, item)
+            if cached is not None:
+                return cached
+        terms = feat.extract(self.network, self.tensors, x, differentiable=differentiable)
+        if keep and not differentiable:
+            self.cache.put(root, item, self._args[2:], terms)
+        return terms
+
+    def _both(self, item: tuple, x1: Tensor, x2: Tensor, *, keep: bool, differentiable: bool):
+        f1 = self._features(x1, self.x1, item, keep=keep, differentiable=differentiable)
+        if self._shared(x1, x2):
+            return f1, f1
+        return f1, self._features(x2, self.x2, item, keep=keep, differentiable=differentiable)
+
+    def _choose(self, x1: Tensor, x2: Tensor, item: tuple, columns: int) -> str:
+        if self.backend != "auto":
+            return self.backend
+        shared = self._shared(x1, x2)
+        cached = self._cached(self.x1, item) is not None and (shared or self._cached(self.x2, item) is not None)
+        return choose_backend(self.plan, x1.shape[0], x2.shape[0], columns, cached, self.device, shared)
 
     # ------------------------------------------------------------------ products
-    def _backend_for(self, num_rhs: int) -> str:
-        plan = self.plan
-        if plan.backend != "auto":
-            return plan.backend
-        cached = plan.side1.features is not None and plan.side2.features is not None
-        return choose_backend(plan.info, plan.side1.x.shape[0], plan.side2.x.shape[0], num_rhs, plan.mode, cached)
-
     def _matmul(self, rhs: Tensor) -> Tensor:
         vector = rhs.dim() == 1
-        rhs2 = rhs.unsqueeze(-1) if vector else rhs
-        batch = rhs2.shape[:-2]
-        # batch dimensions of the right-hand side become extra columns
-        cols = rhs2.reshape(-1, *rhs2.shape[-2:]).permute(1, 0, 2).reshape(rhs2.shape[-2], -1)
-        backend = self._backend_for(cols.shape[-1])
-        plan = self.plan
-        with torch.no_grad():
+        rhs = rhs.unsqueeze(-1) if vector else rhs
+        batch = torch.broadcast_shapes(self.batch_shape, rhs.shape[:-2])
+        nd, offset = len(batch), len(batch) - len(self.batch_shape)
+        rhs = rhs.expand(*batch, *rhs.shape[-2:])
+        # batch dimensions along which the operator is constant become extra columns
+        op_shape = (1,) * offset + tuple(self.batch_shape)
+        keep = [d for d in range(nd) if op_shape[d] != 1]
+        fold = [d for d in range(nd) if op_shape[d] == 1]
+        kshape, fshape = [batch[d] for d in keep], [batch[d] for d in fold]
+        n2, c = rhs.shape[-2:]
+        r = rhs.permute(*keep, *fold, nd, nd + 1).reshape(*kshape, math.prod(fshape), n2, c)
+        r = r.movedim(-3, -2).reshape(*kshape, n2, -1)
+        differentiable = self._differentiable()
+        outs = []
+        for item, x1, x2 in self._items():
+            v = r[tuple(item[d - offset] for d in keep)]
+            backend = self._choose(x1, x2, item, v.shape[-1])
             if backend == "linearized":
-                out = linearized_matmul(plan.model, plan.info, plan.side1.x, plan.side2.x, cols, plan.mode)
+                out = linearized_matmul(self.network, self.tensors, x1, x2, v, self.plan.mode, differentiable)
             else:
-                f1, f2 = plan.cached_features()
-                out = pairwise_matmul(f1, f2, cols, plan.mode, backend)
-        out = out.reshape(out.shape[0], -1, rhs2.shape[-1]).permute(1, 0, 2).reshape(*batch, out.shape[0], -1)
+                f1, f2 = self._both(item, x1, x2, keep=True, differentiable=differentiable)
+                out = products.matmul(f1, f2, v, self.plan.mode, backend)
+            outs.append(out)
+        rows = outs[0].shape[0]
+        out = torch.stack(outs).reshape(*self.batch_shape, rows, *fshape, c)
+        out = out.reshape(*kshape, rows, *fshape, c)
+        current = [*keep, "rows", *fold, "cols"]
+        out = out.permute(*(current.index(a) for a in [*range(nd), "rows", "cols"]))
         return out.squeeze(-1) if vector else out
 
     def to_dense(self) -> Tensor:
-        with torch.no_grad():
-            f1, f2 = self.plan.cached_features()
-            return dense_blocks(f1, f2, self.plan.mode)
+        differentiable = self._differentiable()
+        blocks = [self._dense_item(item, x1, x2, differentiable) for item, x1, x2 in self._items()]
+        return blocks[0] if not self.batch_shape else torch.stack(blocks).reshape(self.shape)
+
+    def _dense_item(self, item: tuple, x1: Tensor, x2: Tensor, differentiable: bool) -> Tensor:
+        """One batch element's block; without cached features, the column side is held in blocks
+        that fit :class:`lazykern.settings.max_dense_bytes` and the rows are streamed."""
+        mode, k = self.plan.mode, self._k
+        cached1, cached2 = self._cached(self.x1, item), self._cached(self.x2, item)
+        n1, n2 = x1.shape[0], x2.shape[0]
+        fits = self.plan.feature_bytes(n1 if self._shared(x1, x2) else n1 + n2) <= settings.max_dense_bytes.value()
+        if (cached1 is not None and cached2 is not None) or fits:
+            f1, f2 = self._both(item, x1, x2, keep=False, differentiable=differentiable)
+            return products.dense(f1, f2, mode)
+        per_sample = max(1, self.plan.feature_bytes(1))
+        step = max(1, settings.max_dense_bytes.value() // per_sample)
+        out = torch.zeros(n1 * k, n2 * k, dtype=self.dtype, device=self.device)
+        for start in range(0, n2, step):
+            cols = slice(start, min(n2, start + step))
+            f2 = feat.extract(self.network, self.tensors, x2[cols], differentiable=differentiable)
+
+            def block(rows: slice, f1: list[Term], cols: slice = cols, f2: list[Term] = f2) -> None:
+                out[rows.start * k : rows.stop * k, cols.start * k : cols.stop * k] = products.dense(f1, f2, mode)
+
+            feat.stream(self.network, self.tensors, x1, block, differentiable=differentiable)
+        return out
 
     def _diagonal(self) -> Tensor:
-        plan = self.plan
-        if plan.side1.x.shape[0] != plan.side2.x.shape[0]:
+        if self.x1.shape[len(self._batch(self.x1))] != self.x2.shape[len(self._batch(self.x2))]:
             raise ValueError(f"the diagonal needs a square operator, got shape {tuple(self.shape)}")
-        with torch.no_grad():
-            if plan.side1 is plan.side2 and plan.side1.features is None:
-                # stream: the diagonal needs no stored features, only O(N) output
-                parts: list[Tensor] = []
-                feat.stream(plan.model, plan.info, plan.side1.x, lambda rows, f: parts.append(diagonal(f, f, plan.mode)))
-                return torch.cat(parts)
-            f1, f2 = plan.cached_features()
-            return diagonal(f1, f2, plan.mode)
+        differentiable = self._differentiable()
+        mode = self.plan.mode
+        diags = []
+        for item, x1, x2 in self._items():
+            shared = self._shared(x1, x2)
+            c1, c2 = self._cached(self.x1, item), self._cached(self.x2, item)
+            if not differentiable and c1 is not None and (shared or c2 is not None):
+                diags.append(products.diagonal(c1, c1 if shared else c2, mode))
+                continue
+            # stream sample batches: the diagonal needs no stored features, only O(N) output
+            parts: list[Tensor] = []
+
+            def consume(rows: slice, f1: list[Term], x2: Tensor = x2, shared: bool = shared) -> None:
+                f2 = f1 if shared else feat.extract(self.network, self.tensors, x2[rows], differentiable=differentiable)
+                parts.append(products.diagonal(f1, f2, mode))
+
+            feat.stream(self.network, self.tensors, x1, consume, differentiable=differentiable)
+            diags.append(torch.cat(parts))
+        return torch.stack(diags).reshape(*self.batch_shape, -1)
 
     def _get_indices(self, row_index: Tensor, col_index: Tensor, *batch_indices: Tensor) -> Tensor:
-        rows, cols = torch.broadcast_tensors(row_index, col_index)
-        with torch.no_grad():
-            f1, f2 = self.plan.cached_features()
-            return entries(f1, f2, rows, cols, self.plan.mode)
+        shape = torch.broadcast_shapes(row_index.shape, col_index.shape, *(b.shape for b in batch_indices))
+        rows, cols = (i.expand(shape).reshape(-1) for i in (row_index, col_index))
+        flat = torch.zeros_like(rows)
+        for b, size in zip(batch_indices, self.batch_shape):
+            flat = flat * size + b.expand(shape).reshape(-1)
+        differentiable = self._differentiable()
+        out = torch.zeros(rows.shape, dtype=self.dtype, device=self.device)
+        items = self._items()
+        for value in torch.unique(flat).tolist():
+            where = (flat == value).nonzero().squeeze(-1)
+            item, x1, x2 = items[value]
+            r, c = rows[where], cols[where]
+            f1 = self._subset_features(x1, self.x1, item, r // self._k, differentiable)
+            f2 = self._subset_features(x2, self.x2, item, c // self._k, differentiable)
+            vals = products.entries(f1[0], f2[0], f1[1] * self._k + r % self._k, f2[1] * self._k + c % self._k,
+                                    self.plan.mode)
+            out = out.index_put((where,), vals)
+        return out.reshape(shape)
+
+    def _subset_features(self, x: Tensor, root: Tensor, item: tuple, samples: Tensor, differentiable: bool):
+        """Features of only the samples an index touches, and each position's row among them."""
+        cached = None if differentiable else self._cached(root, item)
+        if cached is not None:
+            return cached, samples
+        unique, inverse = torch.unique(samples, return_inverse=True)
+        return feat.extract(self.network, self.tensors, x[unique], differentiable=differentiable), inverse
 
     # ------------------------------------------------------------------ slicing
     def _sample_index(self, index: Any, n: int) -> slice | Tensor | None:
         """The sample subset that an operator row/column index selects, or None if it cuts samples."""
-        k = self.plan.k if self.plan.mode == "full" else 1
+        k = self._k
         if isinstance(index, slice):
             start, stop, step = index.indices(n * k)
             if step == 1 and start % k == 0 and stop % k == 0:
@@ -206,12 +348,68 @@ class NTKOperator(LinearOperator):
         return None
 
     def _getitem(self, row_index: Any, col_index: Any, *batch_indices: Any) -> LinearOperator:
-        n1, n2 = self.plan.side1.x.shape[0], self.plan.side2.x.shape[0]
+        x1, x2 = self._full_batch()
+        if batch_indices:
+            x1, x2 = x1[batch_indices], x2[batch_indices]
+        noop = all(isinstance(i, slice) and i == slice(None, None, None) for i in (row_index, col_index))
+        if noop:
+            return self._new(x1, x2) if batch_indices else self
+        tensor_batch = any(isinstance(b, Tensor) for b in batch_indices)
+        n1, n2 = self.size(-2) // self._k, self.size(-1) // self._k
         rows, cols = self._sample_index(row_index, n1), self._sample_index(col_index, n2)
-        if batch_indices or rows is None or cols is None:
+        if tensor_batch or rows is None or cols is None:
+            # indices that cut through a sample's outputs, or batch indices that pair with them
             return super()._getitem(row_index, col_index, *batch_indices)
-        plan = self.plan.subset(rows, cols)
-        return NTKOperator(plan.side1.x, plan.side2.x, plan=plan)
+        axis1, axis2 = x1.dim() - 1 - self.sample_ndim, x2.dim() - 1 - self.sample_ndim
+        new1, new2 = (x[(slice(None),) * axis + (sel,)] for x, axis, sel in ((x1, axis1, rows), (x2, axis2, cols)))
+        same = type(rows) is type(cols) and (rows == cols if isinstance(rows, slice) else torch.equal(rows, cols))
+        if self.x1 is self.x2 and same:
+            new2 = new1
+        op = self._new(new1, new2)
+        if not batch_indices and not op.batch_shape:
+            for root, new, sel in ((self.x1, new1, rows), (self.x2, new2, cols)):
+                cached = self._cached(root, ())
+                if cached is not None:
+                    self.cache.put(new, (), self._args[2:], index_terms(cached, sel))
+        return op
+
+
+def build(
+    model: nn.Module,
+    x1: Tensor,
+    x2: Tensor | None,
+    *,
+    mode: str,
+    backend: str,
+    forms: str | Mapping[str, str] | None,
+    sample_ndim: int,
+) -> tuple[feat.Network, NTKPlan, dict[str, Tensor]]:
+    """Validate, probe the network and plan the per-layer forms (nothing of the kernel is computed)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    feat.check_network(model)
+    check_samples("x1", x1, min_dim=sample_ndim + 1)
+    if x2 is not None:
+        check_samples("x2", x2, min_dim=sample_ndim + 1)
+        if x2.dtype != x1.dtype:
+            raise TypeError(f"x1 and x2 must have the same dtype, got {x1.dtype} and {x2.dtype}")
+        if x2.shape[x2.dim() - sample_ndim :] != x1.shape[x1.dim() - sample_ndim :]:
+            raise ValueError(
+                f"x1 and x2 must have the same sample shape, got {tuple(x1.shape[x1.dim() - sample_ndim:])} "
+                f"and {tuple(x2.shape[x2.dim() - sample_ndim:])}"
+            )
+        if x2.device != x1.device:
+            raise ValueError(f"x1 and x2 must be on the same device, got {x1.device} and {x2.device}")
+    tensors = feat.model_tensors(model)
+    samples = x1.reshape(-1, *x1.shape[x1.dim() - sample_ndim :])
+    network = feat.inspect_network(model, samples.detach(), tensors)
+    n1 = x1.shape[x1.dim() - sample_ndim - 1]
+    n2 = n1 if x2 is None else x2.shape[x2.dim() - sample_ndim - 1]
+    plan = NTKPlan(mode, n1, n2, network.num_outputs, network.pieces, network.dtype)
+    apply_forms(plan.pieces, forms, mode, n1, n2, plan.itemsize, shared=x2 is None)
+    return network, plan, tensors
 
 
 def empirical_ntk(
@@ -221,37 +419,54 @@ def empirical_ntk(
     *,
     mode: str = "full",
     backend: str = "auto",
-) -> NTKOperator:
+    forms: str | Mapping[str, str] | None = None,
+    plan: bool = False,
+) -> NTKOperator | NTKPlan:
     r"""The empirical neural tangent kernel of ``model`` as a lazy ``LinearOperator``.
 
     .. math::
 
         \Theta_{oo'}(x, x') = \sum_{p \,\in\, \text{trainable}} \frac{\partial f_o(x)}{\partial \theta_p}
         \frac{\partial f_{o'}(x')}{\partial \theta_p}
-        = \sum_{\text{layers } l} \langle \tilde a_l(x), \tilde a_l(x')\rangle\,
-          \langle g_{l,o}(x), g_{l,o'}(x')\rangle
+        = \sum_{\text{layers } l} \sum_{t, t'} s_l\big(a_{l,t}(x), a_{l,t'}(x')\big)\,
+          \big\langle g_{l,o,t}(x), g_{l,o',t'}(x')\big\rangle
 
-    for dense layers (input activations :math:`\tilde a_l`, with a 1 appended for a trainable bias;
-    output cotangents :math:`g_{l,o} = \partial f_o / \partial z_l`); parameters partition by
-    layer, so there are no cross-layer terms. ``nn.Linear`` on ``(batch, tokens, features)`` and
-    every other module with trainable parameters (conv, norms, ...) contribute explicit per-sample
-    gradients (the latter with a :class:`~lazykern.ntk.NTKFallbackWarning`).
+    summed over each layer's tokens :math:`t` (positions of a convolution, tokens of a sequence),
+    with :math:`a` the layer's input (a 1 appended for a trainable bias), :math:`g_{o} =
+    \partial f_o / \partial z` the cotangent at its output and :math:`s` a dot product (an equality of
+    token ids for embeddings); parameters partition by layer, so there are no cross-layer terms.
+    Each layer type has a rule (:mod:`lazykern.ntk.rules`): ``nn.Linear`` (any token axes),
+    ``nn.Conv1d/2d/3d``, ``nn.LayerNorm``, ``nn.GroupNorm``, ``nn.BatchNorm*`` (eval mode),
+    ``nn.Embedding``, ``nn.MultiheadAttention``; any other module with trainable parameters costs
+    explicit per-sample gradients (with a :class:`~lazykern.ntk.NTKFallbackWarning`). Layers with an
+    implicit (pair formula) and an explicit (per-sample gradient) form take the cheaper one for this
+    block (:func:`~lazykern.ntk.plan.choose_form`) unless ``forms`` says otherwise.
+
+    Gradients flow to ``x1``, ``x2`` (when they require grad) through every product, block,
+    diagonal and entry.
 
     Args:
-        model: the network; it maps ``(batch, *sample_shape)`` to ``(batch, ...)`` outputs,
-            flattened to ``k`` per sample. Only parameters with ``requires_grad`` count. It is
-            left unchanged (hooks removed, modes and flags untouched), also when this raises.
+        model: the network; it maps ``(batch, *sample_shape)`` inputs (floating, or integer token
+            ids) to ``(batch, ...)`` outputs, flattened to ``k`` per sample. Only parameters with
+            ``requires_grad`` count. It is left unchanged (hooks removed, modes and flags
+            untouched), also when this raises.
         x1: ``(N1, *sample_shape)`` inputs (rows).
         x2: ``(N2, *sample_shape)`` inputs (columns); ``None`` means ``x1`` (features shared).
         mode: ``"full"``: shape ``(N1 k, N2 k)``, row ``i k + o``; ``"trace"``: ``(N1, N2)``,
             :math:`\sum_o \Theta_{oo}`.
-        backend: ``"keops"`` (symbolic reduction over features), ``"dense"`` (tiled BLAS),
-            ``"linearized"`` (:math:`J (J^\top v)` through the network, for products) or
-            ``"auto"`` (:func:`choose_backend`, per product).
+        backend: ``"keops"`` (symbolic KeOps reductions over features), ``"dense"`` (the chunked
+            torch engine), ``"linearized"`` (:math:`J (J^\top v)` through the network, for
+            products) or ``"auto"`` (per product, from throughputs measured on the device:
+            :func:`~lazykern.ntk.plan.choose_backend`).
+        forms: ``None`` (cost rule), ``"implicit"`` or ``"explicit"`` (for every layer that has
+            that form), or a mapping from layer names (``"features.0"``, or a piece such as
+            ``"encoder.self_attn[q]"``) to forms.
+        plan: if ``True``, return the :class:`~lazykern.ntk.NTKPlan` (per layer: rule, form, feature
+            size, predicted work) instead of the operator; nothing of the kernel is computed.
 
     Returns:
-        :class:`NTKOperator`, usable with ``@``, ``.diagonal()``, ``.to_dense()``, row/column
-        slicing by whole samples, and ``linear_operator``/GPyTorch solves.
+        :class:`NTKOperator` (``@``, ``.diagonal()``, ``.to_dense()``, slicing by whole samples,
+        ``linear_operator``/GPyTorch solves), or the :class:`~lazykern.ntk.NTKPlan`.
 
     Example:
         >>> import torch
@@ -260,26 +475,29 @@ def empirical_ntk(
         >>> K = empirical_ntk(net, x, mode="trace")
         >>> K.shape, K.diagonal().shape
         (torch.Size([10, 10]), torch.Size([10]))
+        >>> print(empirical_ntk(net, x, plan=True).pieces[0].form)
+        implicit
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    feat.check_network(model)
-    check_floating_matrix("x1", x1)
-    x1 = x1.detach()
-    if x2 is not None:
-        check_floating_matrix("x2", x2)
-        if x2.dtype != x1.dtype:
-            raise TypeError(f"x1 and x2 must have the same dtype, got {x1.dtype} and {x2.dtype}")
-        if x2.shape[1:] != x1.shape[1:]:
-            raise ValueError(
-                f"x1 and x2 must have the same sample shape, got {tuple(x1.shape[1:])} and {tuple(x2.shape[1:])}"
-            )
-        x2 = x2.detach()
-    total = x1.shape[0] + (0 if x2 is None else x2.shape[0])
-    info = feat.inspect_network(model, x1, total)
-    side1 = _Side(x1)
-    side2 = side1 if x2 is None else _Side(x2)
-    plan = _Plan(model, info, mode, backend, side1, side2)
-    return NTKOperator(side1.x, side2.x, plan=plan)
+    sample_ndim = x1.dim() - 1 if isinstance(x1, Tensor) else 0
+    return make_operator(model, x1, x2, mode=mode, backend=backend, forms=forms, sample_ndim=sample_ndim, plan=plan)
+
+
+def make_operator(
+    model: nn.Module,
+    x1: Tensor,
+    x2: Tensor | None,
+    *,
+    mode: str,
+    backend: str,
+    forms: str | Mapping[str, str] | None,
+    sample_ndim: int,
+    plan: bool = False,
+) -> NTKOperator | NTKPlan:
+    """:func:`empirical_ntk` for inputs ``(*batch, N, *sample_shape)`` with ``len(sample_shape) == sample_ndim``."""
+    network, ntk_plan, tensors = build(model, x1, x2, mode=mode, backend=backend, forms=forms, sample_ndim=sample_ndim)
+    if plan:
+        return ntk_plan
+    return NTKOperator(
+        x1, x1 if x2 is None else x2, *tensors.values(), network=network, plan=ntk_plan, names=tuple(tensors),
+        backend=backend, sample_ndim=sample_ndim, cache=_FeatureCache(),
+    )

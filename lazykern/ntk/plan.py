@@ -1,0 +1,202 @@
+r"""What an empirical NTK will compute, per layer, before computing it; and the cost rules.
+
+**Form of a layer** (:func:`choose_form`). A piece that can be evaluated both ways (dense and
+token-wise linear maps, convolutions, attention projections, embeddings) takes the form with the
+smaller predicted work for the whole kernel block,
+
+.. math::
+
+    W(\text{form}) = (N_1 + N_2)\, w_\text{feature}(\text{form}) + N_1 N_2\, w_\text{pair}(\text{form}),
+
+(multiply-adds, :class:`~lazykern.ntk.rules.Piece`) among the forms whose features for both sides fit
+:class:`lazykern.settings.max_dense_bytes` (if none fits: the smaller features). Both forms run on
+the same matrix-product engine, so multiply-adds compare like with like;
+``benchmarks/ntk.py --conv-rule`` measures both forms of single convolutions to check where the
+rule switches against where the measured times cross (``docs/ntk.rst``).
+
+**Backend of a product** (:func:`choose_backend`, ``backend="auto"``): the smallest predicted time,
+with the throughputs measured on the device (:mod:`lazykern.ntk.throughput`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+
+from .. import settings
+from .rules import FORMS, Piece
+from .throughput import measured_rates
+
+__all__ = ["NTKPlan", "choose_form", "choose_backend", "apply_forms", "KEOPS_CANDIDATE_SECONDS"]
+
+#: ``backend="auto"`` measures and considers KeOps only for products whose pairwise part is
+#: predicted to take longer than this on the torch engine: a KeOps reduction costs a launch of
+#: milliseconds (and, the first time on a machine, a compilation of tens of seconds).
+KEOPS_CANDIDATE_SECONDS = 0.1
+
+
+def choose_form(piece: Piece, mode: str, n1: int, n2: int, itemsize: int, shared: bool = False) -> str:
+    """The form with the least predicted work among those whose features fit the memory budget
+    (``shared``: both sides are the same samples, whose features are formed once)."""
+    if len(piece.forms) == 1:
+        return piece.forms[0]
+    samples = n1 if shared else n1 + n2
+    work = {f: samples * piece.feature_macs(f) + n1 * n2 * piece.pair_macs(mode, f) for f in piece.forms}
+    memory = {f: samples * piece.feature_numel(f) * itemsize for f in piece.forms}
+    fitting = [f for f in piece.forms if memory[f] <= settings.max_dense_bytes.value()]
+    if not fitting:
+        return min(piece.forms, key=memory.get)
+    return min(fitting, key=work.get)
+
+
+def apply_forms(
+    pieces: list[Piece], forms: str | Mapping[str, str] | None, mode: str, n1: int, n2: int, itemsize: int, shared: bool
+) -> None:
+    """Set each piece's form: the override in ``forms`` (one form for every piece that has it, or a
+    mapping from layer or piece names), else :func:`choose_form`."""
+    if isinstance(forms, str) and forms not in FORMS:
+        raise ValueError(f"forms must be one of {FORMS}, a mapping of layer names to them, or None; got {forms!r}")
+    overrides: dict[str, str] = {}
+    if isinstance(forms, Mapping):
+        names = {p.name for p in pieces} | {p.layer for p in pieces}
+        for name, form in forms.items():
+            if name not in names:
+                raise ValueError(f"forms names {name!r}, which is not a layer of the NTK; layers: {sorted(names)}")
+            if form not in FORMS:
+                raise ValueError(f"forms[{name!r}] must be one of {FORMS}, got {form!r}")
+        overrides = dict(forms)
+    elif forms is not None and not isinstance(forms, str):
+        raise TypeError(f"forms must be a str, a mapping or None, got {type(forms).__name__}")
+    for p in pieces:
+        wanted = overrides.get(p.name, overrides.get(p.layer)) if overrides else forms
+        if wanted is None or (isinstance(forms, str) and wanted not in p.forms):
+            p.form = choose_form(p, mode, n1, n2, itemsize, shared)
+        elif wanted not in p.forms:
+            raise ValueError(f"layer {p.name!r} ({p.module}) has forms {p.forms}, not {wanted!r}")
+        else:
+            p.form = wanted
+
+
+@dataclass
+class NTKPlan:
+    r"""Per layer, the rule and form an NTK uses, its feature size and predicted work.
+
+    Returned by :func:`~lazykern.ntk.empirical_ntk` with ``plan=True`` (before anything is computed)
+    and held by every :class:`~lazykern.ntk.NTKOperator` as ``.plan``. ``str(plan)`` is a table.
+
+    Attributes:
+        mode: ``"full"`` or ``"trace"``.
+        n1, n2: samples on each side.
+        outputs: :math:`k`, outputs per sample.
+        pieces: one :class:`~lazykern.ntk.rules.Piece` per parameter block (``name``, ``rule``,
+            ``form``, ``forms``, ``tokens``, ``feature_numel()``, ``pair_macs(mode)``).
+        forward_macs: predicted multiply-adds of one forward pass, per sample.
+    """
+
+    mode: str
+    n1: int
+    n2: int
+    outputs: int
+    pieces: list[Piece] = field(default_factory=list)
+    dtype: torch.dtype = torch.float64
+
+    @property
+    def itemsize(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def forward_macs(self) -> int:
+        return sum(p.forward_macs for p in self.pieces)
+
+    @property
+    def extraction_macs(self) -> int:
+        """Per sample: one forward, one backward per output, and forming the features."""
+        return (1 + self.outputs) * self.forward_macs + sum(p.feature_macs() for p in self.pieces)
+
+    def feature_bytes(self, samples: int) -> int:
+        return samples * sum(p.feature_numel() for p in self.pieces) * self.itemsize
+
+    def kernel_macs(self) -> float:
+        """Predicted multiply-adds of the whole block (features and pairs)."""
+        n1, n2 = self.n1, self.n2
+        return (n1 + n2) * self.extraction_macs + n1 * n2 * sum(p.pair_macs(self.mode) for p in self.pieces)
+
+    def rows(self) -> list[dict]:
+        """One dict per piece: what the table shows."""
+        out = []
+        for p in self.pieces:
+            out.append(
+                {
+                    "layer": p.name,
+                    "module": p.module,
+                    "rule": p.rule,
+                    "form": p.form,
+                    "tokens": p.tokens,
+                    "feature_numel": p.feature_numel(),
+                    "pair_macs": p.pair_macs(self.mode),
+                    "predicted_macs": (self.n1 + self.n2) * p.feature_macs() + self.n1 * self.n2 * p.pair_macs(self.mode),
+                }
+            )
+        return out
+
+    def __str__(self) -> str:
+        head = ("layer", "module", "rule", "form", "tokens", "features/sample", "MACs/pair", "predicted MACs")
+        body = [
+            (r["layer"], r["module"], r["rule"], r["form"], str(r["tokens"]), str(r["feature_numel"]),
+             f"{r['pair_macs']:.3g}", f"{r['predicted_macs']:.3g}")
+            for r in self.rows()
+        ]
+        widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+        lines = [
+            f"empirical NTK plan: mode={self.mode}, N1={self.n1}, N2={self.n2}, k={self.outputs}, "
+            f"feature extraction {self.extraction_macs:.3g} MACs/sample, "
+            f"features {self.feature_bytes(self.n1 + self.n2) / 2**20:.1f} MiB, whole block {self.kernel_macs():.3g} MACs"
+        ]
+        for row in (head, *body):
+            lines.append("  ".join(str(x).ljust(w) for x, w in zip(row, widths)))
+        return "\n".join(lines)
+
+
+def choose_backend(plan: NTKPlan, n1: int, n2: int, num_rhs: int, features_cached: bool, device: torch.device,
+                   shared: bool = False) -> str:
+    r"""The backend ``backend="auto"`` uses for one product with ``num_rhs`` columns.
+
+    Predicted seconds, with :math:`R` the throughputs measured on ``device``
+    (:func:`~lazykern.ntk.throughput.measured_rates`):
+
+    .. math::
+
+        t_\text{dense} = \frac{(N_1 + N_2)\, w_\text{extract}}{R_\text{network}} + \frac{W(C)}{R_\text{dense}},
+        \qquad
+        t_\text{keops} = \frac{(N_1 + N_2)\, w_\text{extract}}{R_\text{network}}
+            + \frac{W_\text{pairwise}(C)}{R_\text{keops}} + \frac{W_\text{low rank}(C)}{R_\text{dense}},
+
+        t_\text{linearized} = \frac{\big(4 (N_1 + N_2)\, w_\text{forward} + 6 P\big)\, C\, (k \text{ in trace mode})}{R_\text{network}},
+
+    the extraction term only when the features are not cached. The feature backends are
+    candidates only when the features of both sides fit :class:`lazykern.settings.max_dense_bytes`,
+    KeOps only when the pairwise part would take more than :data:`KEOPS_CANDIDATE_SECONDS` on the
+    torch engine.
+    """
+    mode = plan.mode
+    samples = n1 if shared else n1 + n2
+    columns = num_rhs * (plan.outputs if mode == "trace" else 1)
+    times: dict[str, float] = {}
+    fits = features_cached or plan.feature_bytes(samples) <= settings.max_dense_bytes.value()
+    dense = sum(p.matmul_macs(mode, n1, n2, num_rhs) for p in plan.pieces)
+    rates = measured_rates(device, plan.dtype, keops=False)
+    # per column: a pull-back and a push-forward through the network, each filling a gradient buffer per parameter
+    params = sum(p.params for p in plan.pieces)
+    times["linearized"] = (4 * (n1 + n2) * plan.forward_macs + 6 * params) * columns / rates.network
+    if fits:
+        extraction = 0.0 if features_cached else samples * plan.extraction_macs / rates.network
+        times["dense"] = extraction + dense / rates.dense
+        pairwise = sum(p.matmul_macs(mode, n1, n2, num_rhs, pairwise=True) for p in plan.pieces if p.form == "implicit")
+        # KeOps can only repay its probe (and a reduction's launch) on products that take a while
+        if pairwise / rates.dense > KEOPS_CANDIDATE_SECONDS:
+            rates = measured_rates(device, plan.dtype, keops=True)
+            low_rank = sum(p.matmul_macs(mode, n1, n2, num_rhs) for p in plan.pieces if p.form != "implicit")
+            times["keops"] = extraction + pairwise / rates.keops + low_rank / rates.dense
+    return min(times, key=times.get)
