@@ -372,6 +372,9 @@ def rst(rows: list[dict], rule_rows: list[dict]) -> tuple[str, str]:
         if r["status"] == "ok":
             rule.append(f'   {r["channels"]}, {r["map"]}, {r["N"]}, {r["mode"]}, {r["work_ratio"]:.2g}, '
                         f'"{_seconds(r["implicit"])}", "{_seconds(r["explicit"])}", "{r["measured"]}", {r["predicted"]}')
+        else:  # as in the markdown table: a csv-table without rows does not build
+            status = r["status"].replace('"', "'")
+            rule.append(f'   {r["channels"]}, {r["map"]}, {r["N"]}, {r["mode"]}, "{status}", "", "", "", ""')
     return "\n".join(out) + "\n", "\n".join(rule) + "\n"
 
 

@@ -26,12 +26,8 @@ napoleon_numpy_docstring = False
 html_theme = "furo"
 exclude_patterns = ["_build", "_inventories"]
 nitpicky = True
-# The NTK API still exposes two internal types in signatures (NTKOperator's plan, choose_backend's
-# network description); they go with the NTK operator's rework (issue 9, NTK part). These are the
-# only references allowed not to resolve.
+# Only external targets that their project's inventory genuinely lacks may stay unresolved.
 nitpick_ignore = [
-    ("py:class", "lazykern.ntk.operator._Plan"),
-    ("py:class", "lazykern.ntk.features.NetworkInfo"),
     # torch documents ``torch.distributed.ProcessGroup`` nowhere its inventory can point to.
     ("py:class", "torch.distributed.distributed_c10d.ProcessGroup"),
 ]

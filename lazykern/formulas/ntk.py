@@ -33,8 +33,8 @@ from torch import Tensor
 
 __all__ = ["SIMILARITIES", "NTKPart", "NTKFormula", "dot", "equal"]
 
-#: First-factor similarities of a part: ``"dot"`` (:math:`\langle a, a'\rangle`), ``"equal"``
-#: (:math:`[a = a']` for a 1-wide token id), ``"one"`` (no first factor).
+#: The first-factor similarities a part can take, ``"dot"`` (:math:`\langle a, a'\rangle`),
+#: ``"equal"`` (:math:`[a = a']` for a 1-wide token id) and ``"one"`` (no first factor).
 SIMILARITIES = ("dot", "equal", "one")
 
 
@@ -127,8 +127,8 @@ class NTKFormula:
 
     @property
     def pair_width(self) -> int:
-        """Numbers the torch engine holds per pair of a row block: each part's factors and
-        product, and the running sum (a single dot product: just its result)."""
+        """How many numbers the torch engine holds per pair of a row block, namely each part's
+        factors and product, and the running sum (just the result for a single dot product)."""
         return sum(3 if p.a is not None and p.g is not None else 1 for p in self.parts) + len(self.parts) - 1
 
     def __call__(self, x1: Any, x2: Any) -> Any:

@@ -5,8 +5,8 @@ with a forward hook on every module that owns trainable parameters, to learn whi
 each captured tensor's sample axis (the axis whose length follows the batch), the number of
 outputs and every layer's sizes (:class:`~lazykern.ntk.rules.Piece`).
 
-:func:`stream` then forms the features of sample batches: the network runs once per batch through
-:func:`torch.func.functional_call` with the operator's own tensors (parameters and buffers) and
+``stream`` then forms the features of sample batches: the network runs once per batch through
+``torch.func.functional_call`` with the operator's own tensors (parameters and buffers) and
 the hooks; one backward pass, vectorised over the :math:`k` one-hot output cotangents
 (``is_grads_batched``), gives the cotangents of every captured output, and each rule turns its
 captures into :mod:`~lazykern.ntk.terms`. With ``differentiable=True`` the backward pass keeps its
@@ -44,7 +44,13 @@ def batch_bytes() -> int:
 
 @dataclass
 class Unit:
-    """One module with trainable parameters, the rule handling it and what the probe learned."""
+    """One module with trainable parameters, the rule handling it and what the probe learned.
+
+    Attributes:
+        rule: the :class:`~lazykern.ntk.rules.Rule` instance handling the module.
+        axes: the sample axis of each of the rule's captures.
+        pieces: the module's parameter blocks (:class:`~lazykern.ntk.rules.Piece`).
+    """
 
     rule: Rule
     axes: list[int]
@@ -57,7 +63,21 @@ class Unit:
 
 @dataclass
 class Network:
-    """What the probe forward passes learned about a network."""
+    """What the probe forward passes (:func:`inspect_network`) learned about a network.
+
+    Attributes:
+        model: the network.
+        units: one :class:`Unit` per module with trainable parameters, in the order they run.
+        num_outputs: :math:`k`, outputs per sample.
+        sample_shape: the shape of one input sample.
+        input_dtype: the inputs' dtype (floating, or integer token ids).
+        dtype: the parameters' dtype.
+        trainable: qualified names of the parameters the NTK differentiates.
+        work_numel: numbers held per sample while its features are formed.
+        backward_seconds: seconds per sample of each way (``"loop"``, ``"batched"``) to take the
+            ``k`` output cotangents, measured on the second and third sample batches.
+        backward_calls: sample batches whose cotangents have been taken so far.
+    """
 
     model: nn.Module
     units: list[Unit]

@@ -72,7 +72,7 @@ class NTKOperator(LinearOperator):
     ``expand``, ``permute``, indexing) and gradients with respect to any of them behave as for any
     ``linear_operator`` operator; the network itself only supplies the computation. Products run on
     the backend chosen at construction (``"auto"``: per product, by
-    :func:`~lazykern.ntk.plan.choose_backend`); the diagonal, gathered entries and
+    :func:`~lazykern.ntk.choose_backend`); the diagonal, gathered entries and
     :meth:`to_dense` come from per-layer features, formed in sample batches and kept only when the
     product backend already keeps them.
 
@@ -85,7 +85,7 @@ class NTKOperator(LinearOperator):
         names: qualified names of ``tensors``.
         backend: ``"auto"``, ``"keops"``, ``"dense"`` or ``"linearized"``.
         sample_ndim: ``len(sample_shape)``.
-        cache: shared feature cache.
+        cache (``_FeatureCache``): the feature cache shared by the operators derived from this one.
 
     Example:
         >>> import torch
@@ -440,7 +440,7 @@ def empirical_ntk(
     ``nn.Embedding``, ``nn.MultiheadAttention``; any other module with trainable parameters costs
     explicit per-sample gradients (with a :class:`~lazykern.ntk.NTKFallbackWarning`). Layers with an
     implicit (pair formula) and an explicit (per-sample gradient) form take the cheaper one for this
-    block (:func:`~lazykern.ntk.plan.choose_form`) unless ``forms`` says otherwise.
+    block (:func:`~lazykern.ntk.choose_form`) unless ``forms`` says otherwise.
 
     Gradients flow to ``x1``, ``x2`` (when they require grad) through every product, block,
     diagonal and entry.
@@ -457,7 +457,7 @@ def empirical_ntk(
         backend: ``"keops"`` (symbolic KeOps reductions over features), ``"dense"`` (the chunked
             torch engine), ``"linearized"`` (:math:`J (J^\top v)` through the network, for
             products) or ``"auto"`` (per product, from throughputs measured on the device:
-            :func:`~lazykern.ntk.plan.choose_backend`).
+            :func:`~lazykern.ntk.choose_backend`).
         forms: ``None`` (cost rule), ``"implicit"`` or ``"explicit"`` (for every layer that has
             that form), or a mapping from layer names (``"features.0"``, or a piece such as
             ``"encoder.self_attn[q]"``) to forms.

@@ -112,7 +112,7 @@ class NTKPlan:
 
     @property
     def extraction_macs(self) -> int:
-        """Per sample: one forward, one backward per output, and forming the features."""
+        """Predicted multiply-adds per sample of one forward, one backward per output, and forming the features."""
         return (1 + self.outputs) * self.forward_macs + sum(p.feature_macs() for p in self.pieces)
 
     def feature_bytes(self, samples: int) -> int:
@@ -177,7 +177,7 @@ def choose_backend(plan: NTKPlan, n1: int, n2: int, num_rhs: int, features_cache
 
     the extraction term only when the features are not cached. The feature backends are
     candidates only when the features of both sides fit :class:`lazykern.settings.max_dense_bytes`,
-    KeOps only when the pairwise part would take more than :data:`KEOPS_CANDIDATE_SECONDS` on the
+    KeOps only when the pairwise part would take more than :data:`~lazykern.ntk.plan.KEOPS_CANDIDATE_SECONDS` on the
     torch engine.
     """
     mode = plan.mode

@@ -14,7 +14,7 @@ Rules (first match wins): :class:`LinearRule` (``nn.Linear`` on ``(..., F)``, ev
 but the sample axis a token), :class:`ConvRule` (``nn.Conv1d/2d/3d``: stride, padding and padding
 modes, dilation, groups), :class:`LayerNormRule`, :class:`GroupNormRule`, :class:`BatchNormRule`
 (eval mode), :class:`EmbeddingRule`, :class:`MultiheadAttentionRule`, and :class:`FallbackRule`
-(explicit per-sample gradients through :mod:`torch.func`, with a warning) for anything else that
+(explicit per-sample gradients through ``torch.func``, with a warning) for anything else that
 owns trainable parameters.
 """
 
@@ -55,7 +55,7 @@ FORMS = ("implicit", "explicit")
 
 
 class NTKFallbackWarning(UserWarning):
-    """A module has no NTK rule and costs explicit per-sample gradients through :mod:`torch.func`."""
+    """A module has no NTK rule and costs explicit per-sample gradients through ``torch.func``."""
 
 
 @dataclass
@@ -159,7 +159,7 @@ def implicit_matmul_macs(
 
     Pairwise: every (sample, token) pair, :math:`N_1 N_2 T^2 (F + k H + C)` (trace) or
     :math:`N_1 N_2 T^2 (F + H C)` (full). Factored: through the layer's weight-gradient space,
-    :math:`V \mapsto \sum_{j,t} 	ilde a_{jt} \otimes u_{jt}` and back, :math:`(N_1 + N_2) T H F C`
+    :math:`V \mapsto \sum_{j,t} \tilde a_{jt} \otimes u_{jt}` and back, :math:`(N_1 + N_2) T H F C`
     (times :math:`k` in trace mode); for token equality (embeddings) a scatter and gather,
     :math:`(N_1 + N_2) T k H C`. The first grows with :math:`N_1 N_2`, the second with :math:`N_1 + N_2`.
     """
@@ -182,6 +182,7 @@ class Rule:
         trainable: names (relative to ``module``) of the trainable parameters it covers.
     """
 
+    #: The rule's name, as the plan's ``rule`` column shows it.
     name: ClassVar[str] = ""
 
     def __init__(self, layer: str, module: nn.Module, trainable: set[str]) -> None:
@@ -189,6 +190,7 @@ class Rule:
 
     @classmethod
     def matches(cls, module: nn.Module) -> bool:
+        """Whether this rule handles ``module`` (the first rule that matches takes it)."""
         raise NotImplementedError
 
     def claims(self) -> list[str]:
@@ -204,6 +206,8 @@ class Rule:
         return False
 
     def pieces(self, captures: list[Capture], axes: list[int], k: int) -> list[Piece]:
+        """The layer's parameter blocks with their sizes, from the probe's captures, their sample
+        axes ``axes`` and the number of outputs ``k``."""
         raise NotImplementedError
 
     def terms(
@@ -334,7 +338,7 @@ class ConvRule(Rule):
     positions (:math:`P^2 (C_{in} k^d / G + \kappa C_{out} / G)` per pair and group); explicit: the
     per-sample weight gradient :math:`\sum_p g_p \otimes \tilde U_p` (:math:`C_{out} C_{in} k^d / G` per
     output). Large maps with few channels favour explicit, small maps with many channels implicit;
-    the plan chooses per layer (:func:`~lazykern.ntk.plan.choose_form`).
+    the plan chooses per layer (:func:`~lazykern.ntk.choose_form`).
     """
 
     name = "conv"

@@ -24,6 +24,20 @@ __all__ = ["Implicit", "Explicit", "Sparse", "Term", "num_samples", "map_terms",
 
 @dataclass
 class Implicit:
+    r"""A pair-formula term, :math:`\sum_{t,t'} s(a_t, a'_{t'}) \langle g_{o,t}, g'_{o',t'}\rangle`.
+
+    Attributes:
+        a: ``(N, T, F)`` first factors (layer inputs, a 1 appended for a trainable bias), or
+            ``(N, T, 1)`` token ids stored as floats when ``similarity`` is ``"equal"``.
+        g: ``(N, k, T, H)`` output cotangents.
+        similarity: :math:`s`, ``"dot"`` or ``"equal"``.
+
+    Example:
+        >>> import torch
+        >>> Implicit(torch.randn(2, 5, 3), torch.randn(2, 4, 5, 6)).tokens
+        5
+    """
+
     a: Tensor  # (N, T, F); token ids as floats (N, T, 1) when similarity == "equal"
     g: Tensor  # (N, k, T, H)
     similarity: str = "dot"
@@ -35,11 +49,36 @@ class Implicit:
 
 @dataclass
 class Explicit:
+    r"""A per-sample-gradient term, :math:`\langle e_o, e'_{o'}\rangle`.
+
+    Attributes:
+        e: ``(N, k, P)`` per-sample gradients of the layer's parameters, one per output.
+
+    Example:
+        >>> import torch
+        >>> Explicit(torch.randn(2, 4, 10)).e.shape
+        torch.Size([2, 4, 10])
+    """
+
     e: Tensor  # (N, k, P)
 
 
 @dataclass
 class Sparse:
+    r"""An embedding's per-sample gradient :math:`\sum_t \mathbb 1_{\text{tok}_t} \otimes g_{o,t}`,
+    kept as its ``T`` non-zero rows.
+
+    Attributes:
+        ids: ``(N, T)`` int64 token ids.
+        g: ``(N, k, T, H)`` output cotangents.
+
+    Example:
+        >>> import torch
+        >>> s = Sparse(torch.tensor([[1, 7, 1]]), torch.randn(1, 2, 3, 4))
+        >>> s.as_implicit().similarity, s.as_implicit().a.shape
+        ('equal', torch.Size([1, 3, 1]))
+    """
+
     ids: Tensor  # (N, T) int64
     g: Tensor  # (N, k, T, H)
 
