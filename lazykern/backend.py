@@ -1,12 +1,17 @@
 """Which engine evaluates a kernel formula, and how.
 
-Two engines evaluate the same formula (:mod:`lazykern.formulas`):
+Three engines evaluate the same formula (:mod:`lazykern.formulas`):
 
+* **cpu**: lazykern's own reduction engine (:mod:`lazykern.cpu`): the formula is traced, differentiated
+  and compiled to C that vectorizes across pairs; memory is O((N + M) * D). The default for CPU
+  tensors whenever it can evaluate the formula: it runs the lazy pass at the speed of hand-written C
+  (benchmarks/roofline.py), where KeOps' CPU code reaches 0.4-0.65 of it, and compiles in about a
+  second instead of KeOps' 5-40 s.
 * **KeOps**: the inputs are wrapped as ``LazyTensor`` and the reduction is compiled once per formula;
-  memory is O((N + M) * D), nothing pairwise is ever stored.
+  memory is O((N + M) * D), nothing pairwise is ever stored. The engine on GPUs.
 * **torch**: row blocks of the pairwise expression are evaluated densely, at most
   :class:`lazykern.settings.chunk_bytes` at a time; the backward pass recomputes blocks instead of
-  keeping them.
+  keeping them. Small problems, and formulas that multiply matrices (the NTK's, which BLAS does best).
 
 Parameters arrive with ``(*batch, 1, K)`` shapes (the ``KernelLinearOperator`` convention); this
 module inserts the pairwise axis. Formulas return a trailing axis of size 1 per pair (as KeOps does),
@@ -20,35 +25,42 @@ from typing import Callable, Mapping
 import torch
 from torch import Tensor
 
-from . import settings
+from . import cpu, settings
 from .keops import keops_lazy_tensor, keops_session, padded_size
 
 Formula = Callable[..., object]
 
 __all__ = [
     "elementwise",
+    "engine_for",
     "fold_columns",
     "pairwise_dense",
     "pairwise_matmul",
     "rows_per_chunk",
     "symmetric_gradients",
-    "use_keops",
 ]
 
 
-def use_keops(n: int, m: int) -> bool:
-    """Whether a pairwise reduction of an ``n`` x ``m`` kernel runs on KeOps under current settings.
+def engine_for(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> str:
+    """The engine (``"cpu"``, ``"keops"`` or ``"torch"``) that evaluates ``formula`` on these tensors
+    under the current :class:`lazykern.settings.engine`.
 
-    A side with a single point always runs on the torch engine: KeOps reads a ``(..., 1, 1, D)``
-    tensor as a parameter, not as one point, and would silently reduce over the wrong axis.
+    ``"auto"``: the torch engine below :class:`lazykern.settings.keops_min_size` points on either
+    side and for formulas that declare a ``pair_width`` (matrix products, best left to BLAS); else
+    the CPU engine for CPU tensors it supports (:func:`lazykern.cpu.supports`), else KeOps. A side
+    with a single point always runs on the torch engine: KeOps reads a ``(..., 1, 1, D)`` tensor as
+    a parameter, not as one point, and would silently reduce over the wrong axis.
     """
+    n, m = x1.shape[-2], x2.shape[-2]
     if n < 2 or m < 2:
-        return False
+        return "torch"
     choice = settings.engine.value()
     if choice != "auto":
-        return choice == "keops"
+        return choice
     threshold = settings.keops_min_size.value()
-    return n >= threshold and m >= threshold
+    if n < threshold or m < threshold or hasattr(formula, "pair_width"):
+        return "torch"
+    return "cpu" if cpu.supports(formula, x1, x2, params) else "keops"
 
 
 def _pairwise_params(params: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -88,8 +100,10 @@ def fold_columns(vecs: Tensor, batch: torch.Size) -> Tensor | None:
 def symmetric_gradients(
     formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], left: Tensor, right: Tensor
 ) -> tuple[Tensor | None, Tensor | None, dict[str, Tensor | None]] | None:
-    r"""Gradients of :math:`\sum_{ij} \langle l_i, r_j\rangle k(x^{(1)}_i, x^{(2)}_j)` in ONE KeOps reduction,
-    for ``x1`` and ``x2`` holding the same points (K(X, X)).
+    r"""Gradients of :math:`\sum_{ij} \langle l_i, r_j\rangle k(x^{(1)}_i, x^{(2)}_j)` in ONE reduction,
+    for ``x1`` and ``x2`` holding the same points (K(X, X)), on the engine :func:`engine_for` picks:
+    the CPU engine (:func:`lazykern.cpu.symmetric_gradients`, any formula) or KeOps (even
+    stationary formulas, as below).
 
     For an even stationary formula, :math:`\partial k(u, v)/\partial v = \partial k(v, u)/\partial v`
     (first argument), so with :math:`g_{ij} = \partial k(x_i, x_j)/\partial x_i` the gradients are
@@ -115,6 +129,13 @@ def symmetric_gradients(
     left, right = fold_columns(left.expand(shape), batch), fold_columns(right.expand(shape), batch)
     if left is None or right is None:
         return None
+    if engine_for(formula, x1, x2, params) == "cpu":
+        # The CPU pass sums both occurrences of x: distinct tensors asking for their own shares
+        # take the generic path.
+        if x1 is not x2 and (x1.requires_grad or x2.requires_grad):
+            return None
+        grad, grads = cpu.symmetric_gradients(formula, x1, params, left, right)
+        return grad, None, grads
     c = left.shape[-1]
     pad = padded_size(c) - c
     left, right = torch.nn.functional.pad(left, (0, pad)), torch.nn.functional.pad(right, (0, pad))
@@ -243,7 +264,10 @@ def pairwise_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[st
     if vector:
         rhs = rhs.unsqueeze(-1)
     rhs = _broadcast_rhs(x1, rhs)
-    if use_keops(x1.shape[-2], x2.shape[-2]):
+    engine = engine_for(formula, x1, x2, params)
+    if engine == "cpu":
+        out = cpu.matmul(formula, x1, x2, params, rhs)
+    elif engine == "keops":
         out = _keops_matmul(formula, x1, x2, params, rhs)
     else:
         out = _torch_rowwise(formula, x1, x2, params, rhs)
@@ -252,7 +276,14 @@ def pairwise_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[st
 
 def pairwise_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
     """The (..., N, M) kernel matrix, built in row blocks so N x M x D never exists. Entries below
-    the normal floating-point range are written as zeros (they would slow LAPACK down tenfold)."""
+    the normal floating-point range are written as zeros (they would slow LAPACK down tenfold).
+
+    On the CPU engine the whole matrix is one compiled pass (measured: as fast as one lazy pass);
+    KeOps has no dense output, so its formulas are built by the torch engine's row blocks."""
+    if engine_for(formula, x1, x2, params) == "cpu":
+        dense = cpu.dense(formula, x1, x2, params)
+        _flush_subnormals_(dense)
+        return dense
     return _torch_rowwise(formula, x1, x2, params, None)
 
 

@@ -1,4 +1,4 @@
-"""Compile a kernel's KeOps reductions ahead of time (a warm-up before training or serving)."""
+"""Compile a kernel's reductions ahead of time (a warm-up before training or serving)."""
 
 from __future__ import annotations
 
@@ -37,16 +37,19 @@ def precompile(
     columns: Sequence[int] = (1, 16),
     gradients: bool = True,
 ) -> str:
-    r"""Compile the KeOps reductions that training and prediction with ``kernel`` will run.
+    r"""Compile the reductions that training and prediction with ``kernel`` will run, on the engine
+    they will run on (:func:`lazykern.backend.engine_for`: lazykern's CPU engine for CPU tensors it
+    supports, KeOps otherwise and on GPUs; under ``lazykern.settings.engine("keops")``, KeOps).
 
     One lazy matvec :math:`K(X, X)\,V` per entry of ``columns`` (the number of right-hand sides;
     matvecs are padded to 1, 2, 4, 8 or a multiple of 16 columns, so ``16`` covers GPyTorch's CG
     with up to 15 probe vectors and ``1`` covers prediction), and, with ``gradients``, the
     reductions of :math:`\partial (U^\top K V) / \partial \theta` for every hyperparameter
     :math:`\theta` of ``kernel`` that requires grad (what one marginal-likelihood backward pass
-    compiles). Formulas depend on ``dtype``, the input dimension and the batch shape, never on
-    the number of points, so this runs on a few random points and takes only compile time (5-30 s
-    per formula the first time, well under a second per formula once cached). Safe to call from
+    compiles), and the dense build of :math:`K(X, X)` (what GPyTorch's Cholesky path asks for).
+    Formulas depend on ``dtype``, the input dimension and the batch shape, never on the number of
+    points, so this runs on a few random points and takes only compile time (KeOps: 5-30 s per
+    formula the first time; the CPU engine: about a second; well under a second once cached). Safe to call from
     several processes at once (compiles are serialized by a file lock). The kernel's parameters
     and their ``.grad`` are left unchanged.
 
@@ -86,10 +89,12 @@ def precompile(
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(*kernel.batch_shape, _WARMUP_POINTS, dims, generator=generator, dtype=dtype).to(device)
     params = [p for p in kernel.parameters() if p.requires_grad]
-    with settings.engine("keops"), settings.max_dense_bytes(0), torch.set_grad_enabled(gradients and bool(params)):
+    # A few points stand for many: the size threshold of the lazy engines is lifted.
+    with settings.keops_min_size(0), settings.max_dense_bytes(0), torch.set_grad_enabled(gradients and bool(params)):
         for c in sorted(set(columns)):
             rhs = torch.randn(*x.shape[:-1], c, generator=generator, dtype=dtype).to(device)
             out = kernel(x, x) @ rhs
             if out.requires_grad:
                 torch.autograd.grad(out.sum(), params, allow_unused=True)
+        kernel(x, x).to_dense()
     return build_folder()

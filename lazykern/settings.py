@@ -76,17 +76,20 @@ def _non_negative_int(name: str, value: Any) -> int:
 class engine(_Setting):
     """Which engine evaluates kernel reductions (matvecs).
 
-    * ``"auto"`` (default): KeOps when both sides have at least :class:`keops_min_size` points,
-      else the chunked torch engine;
+    * ``"auto"`` (default): when both sides have at least :class:`keops_min_size` points,
+      lazykern's compiled CPU engine for CPU tensors it supports, else KeOps (GPUs); below that
+      size the chunked torch engine (:func:`lazykern.backend.engine_for` has the whole rule);
+    * ``"cpu"``: always lazykern's CPU engine (:mod:`lazykern.cpu`; a ``ValueError`` names what it
+      cannot evaluate);
     * ``"keops"``: always the symbolic KeOps reduction;
     * ``"torch"``: always the chunked torch engine (bounded by :class:`chunk_bytes`).
 
-    Both engines evaluate the same formula and agree to rounding. A side with a single point
+    All engines evaluate the same formula and agree to rounding. A side with a single point
     runs on the torch engine whatever the setting (KeOps would read it as a parameter).
     """
 
     _default = "auto"
-    _choices = ("auto", "keops", "torch")
+    _choices = ("auto", "cpu", "keops", "torch")
 
     @classmethod
     def _validate(cls, value: Any) -> str:
@@ -97,8 +100,8 @@ class engine(_Setting):
 
 class keops_min_size(_Setting):
     """Smallest number of points on *both* sides of a kernel matrix for which ``engine="auto"``
-    uses KeOps (default 512). Below it, compiling and launching a KeOps reduction costs more
-    than the chunked torch engine."""
+    uses a compiled lazy engine, lazykern's CPU engine or KeOps (default 512). Below it, compiling
+    and launching a compiled reduction costs more than the chunked torch engine."""
 
     _default = 512
 

@@ -21,7 +21,7 @@ import torch
 from lazykern import backend, cpu, settings
 from lazykern.cpu import build
 from lazykern.formulas import StationaryFormula
-from lazykern.formulas.ntk import dot, factored_entry
+from lazykern.formulas.ntk import dot
 
 from . import reference
 from .memory import peak_rss_increase_mb
@@ -277,7 +277,7 @@ class FactoredTraceEntry:
 
     def __call__(self, x1, x2):
         w = self.width_a
-        return factored_entry(x1[..., :w], x2[..., :w], x1[..., w:], x2[..., w:])
+        return dot(x1[..., :w], x2[..., :w]) * dot(x1[..., w:], x2[..., w:])
 
 
 def test_ntk_formulas():
@@ -440,3 +440,43 @@ cpu.matmul(f, x[:50], x[:50], {"scales": s}, v[:50])
 """
     grown = peak_rss_increase_mb(setup, "out = cpu.matmul(f, x, x, {'scales': s}, v)")
     assert grown < 40, f"peak RSS grew by {grown:.0f} MB"
+
+
+# ---------------------------------------------------------------------------- as users reach it
+def test_kernel_of_x_runs_on_the_cpu_engine_by_default(monkeypatch):
+    """``kernel(X)`` on CPU tensors above ``keops_min_size`` points: products, the fused gradient and
+    the dense build all run on the CPU engine (KeOps is never called) and agree with the torch engine."""
+    import gpytorch
+
+    import lazykern
+
+    def no_keops(*args, **kwargs):
+        raise AssertionError("KeOps was called on CPU tensors the CPU engine supports")
+
+    n, d = 600, 3
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    v = torch.randn(2, n, 2, generator=gen, dtype=torch.float64)  # a batch of right-hand sides
+
+    def run(engine: str):
+        base = lazykern.RBFKernel(ard_num_dims=d)
+        kernel = gpytorch.kernels.ScaleKernel(
+            lazykern.AdditiveStructureKernel(base, num_dims=d, component_scales=True)
+        ).double()
+        with settings.engine(engine), settings.max_dense_bytes(0):
+            out = kernel(x) @ v
+            (out * v).sum().backward()
+        with settings.engine(engine), torch.no_grad():
+            dense = kernel(x).to_dense()
+        return out.detach(), dense, [p.grad.clone() for p in kernel.parameters()]
+
+    expected = run("torch")
+    monkeypatch.setattr(backend, "_keops_matmul", no_keops)
+    monkeypatch.setattr(backend, "keops_session", no_keops)
+    op = gpytorch.kernels.ScaleKernel(lazykern.RBFKernel().double())(x).evaluate_kernel()
+    assert backend.engine_for(op.covar_func, op.x1, op.x2, op.tensor_params) == "cpu"
+    got = run("auto")
+    for a, b in zip(got[:2], expected[:2]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    for a, b in zip(got[2], expected[2]):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)

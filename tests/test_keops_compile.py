@@ -137,7 +137,8 @@ CHILD = textwrap.dedent(
 
     kernel = lazykern.AdditiveStructureKernel(lazykern.RBFKernel(ard_num_dims=2), num_dims=2).double()
     kernel.base_kernel.lengthscale = torch.tensor([[0.7, 1.3]], dtype=torch.float64)
-    folder = precompile(kernel, dtype=torch.float64, columns=(1,))
+    with lazykern.settings.engine("keops"):  # precompile compiles for the engine in force
+        folder = precompile(kernel, dtype=torch.float64, columns=(1,))
     compiled = modules(folder)
 
     x = torch.linspace(-2, 2, 40, dtype=torch.float64).reshape(20, 2)
