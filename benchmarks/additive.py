@@ -16,6 +16,8 @@ Methods:
 * ``lazykern``: :class:`lazykern.AdditiveStructureKernel` over :class:`lazykern.RBFKernel`, default
   settings (the N x N matrix is formed once when it fits ``max_dense_bytes``, else pure KeOps);
 * ``lazykern-lazy``: the same, forced lazy (``max_dense_bytes(0)``: O(N d) memory);
+* ``lazykern-keops``: default settings with every reduction on KeOps (``settings.engine("keops")``;
+  on a CPU, what lazykern did before its own CPU engine; on a GPU the same as ``lazykern``);
 * ``gpytorch-structure``: ``gpytorch.kernels.AdditiveStructureKernel(RBFKernel(), num_dims=d)``;
 * ``gpytorch-sum``: ``AdditiveKernel`` of d ``RBFKernel(active_dims=[i])``;
 * ``gpytorch-batch``: the tutorial recipe, ``RBFKernel(batch_shape=[d])`` on ``x.mT.unsqueeze(-1)``,
@@ -27,7 +29,12 @@ Methods:
 Usage (a smoke run takes about a minute)::
 
     python benchmarks/additive.py --sizes 1000 --dtypes float32 --repeats 1 --tasks matvec
+    python benchmarks/additive.py --quick       # N = 2000 and 5000, float32, the main peers (docs)
     python benchmarks/additive.py               # the full suite, writes benchmarks/results/additive.*
+
+The summary under the table checks the performance goals in the same run: at N = 5000 the MLL
+step against the fastest GPyTorch recipe (time, and memory growth above the interpreter's
+baseline), and at the largest N the MLL step in units of one lazy 12-column pass.
 
 Data: the UCI ``pol`` inputs (standardized, first N rows of a fixed shuffle) when found under
 ``LAZYKERN_DATA`` or ``../shared/uci``, else standard normal inputs; ``--data`` forces either.
@@ -56,6 +63,7 @@ WARMUP_POINTS = 1000
 METHODS = (
     "lazykern",
     "lazykern-lazy",
+    "lazykern-keops",
     "gpytorch-structure",
     "gpytorch-sum",
     "gpytorch-batch",
@@ -84,7 +92,7 @@ def estimated_peak_bytes(method: str, task: str, n: int, d: int, itemsize: int) 
         return base + nn * (2 * d if backward else 3)
     if method == "looped":
         return base + nn * (d + 4 if backward else 3)
-    if method == "lazykern":
+    if method in ("lazykern", "lazykern-keops"):
         return base + nn * 2
     return base + 64 * n * d * itemsize  # lazykern-lazy, gpytorch-batch-keops
 
@@ -137,7 +145,7 @@ def _covariance(method: str, d: int):
                 out = out + torch.exp(-0.5 * diff * diff)
             return out
 
-    if method in ("lazykern", "lazykern-lazy"):
+    if method.startswith("lazykern"):
         base = lazykern.RBFKernel(ard_num_dims=d)
         inner = lazykern.AdditiveStructureKernel(base, num_dims=d)
     elif method == "gpytorch-structure":
@@ -191,9 +199,11 @@ def child(spec: dict) -> dict:
     model = GP(x, y).to(device=device, dtype=dtype)
     model.train()
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
-    settings = (
-        lazykern.settings.max_dense_bytes(0) if spec["method"] == "lazykern-lazy" else contextlib.nullcontext()
-    )
+    settings = contextlib.ExitStack()
+    if spec["method"] == "lazykern-lazy":
+        settings.enter_context(lazykern.settings.max_dense_bytes(0))
+    if spec["method"] == "lazykern-keops":
+        settings.enter_context(lazykern.settings.engine("keops"))
 
     def run(xs, ys):
         if spec["task"] == "mll":
@@ -211,17 +221,55 @@ def child(spec: dict) -> dict:
     with settings:
         m = min(WARMUP_POINTS, spec["n"])
         run(x[:m], y[:m])
+        passes = _count_passes(lambda: run(x, y)) if spec["method"].startswith("lazykern") else None
         for _ in range(spec["repeats"]):
             _synchronize(device)
             start = time.perf_counter()
             value = run(x, y)
             _synchronize(device)
             times.append(time.perf_counter() - start)
-    result = {"times": times, "value": value, "peak_mb": _status_mb(), "baseline_mb": baseline_mb}
+    result = {"times": times, "value": value, "peak_mb": _status_mb(), "baseline_mb": baseline_mb, "passes": passes}
     if device.type == "cuda":
         # On a GPU the memory that matters is the device's; host RSS is kept as host_peak_mb.
         result.update(host_peak_mb=result["peak_mb"], peak_mb=torch.cuda.max_memory_allocated(device) / 2**20)
     return result
+
+
+def _count_passes(step) -> dict:
+    """What one run of ``step`` asks of lazykern's engines: calls and seconds per pairwise pass
+    (an untimed extra run: the counting wrappers add a little overhead)."""
+    from lazykern import backend, cpu
+
+    counts: dict = {}
+
+    def counted(module, name, label):
+        original = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                entry = counts.setdefault(label, {"calls": 0, "seconds": 0.0})
+                entry["calls"] += 1
+                entry["seconds"] = round(entry["seconds"] + time.perf_counter() - start, 4)
+
+        setattr(module, name, wrapper)
+        return module, name, original
+
+    patched = [
+        counted(cpu, "matmul", "cpu product (forward + backward)"),
+        counted(cpu, "dense", "cpu dense build"),
+        counted(cpu, "symmetric_gradients", "cpu fused gradient"),
+        counted(backend, "_keops_matmul", "keops product"),
+        counted(backend, "_torch_rowwise", "torch row blocks"),
+    ]
+    try:
+        step()
+    finally:
+        for module, name, original in patched:
+            setattr(module, name, original)
+    return counts
 
 
 def _synchronize(device) -> None:
@@ -265,7 +313,9 @@ def run_one(spec: dict, cap_bytes: int, timeout: float) -> dict:
     record = dict(spec, estimated_gb=round(estimate / 2**30, 2))
     if estimate > cap_bytes:
         return dict(record, status=f"out of memory (estimated {estimate / 2**30:.1f} GB)")
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", PYKEOPS_VERBOSE="0", PYTHONPATH=str(ROOT))
+    # The project first, then whatever the caller's PYTHONPATH holds (e.g. wheels unpacked there).
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", PYKEOPS_VERBOSE="0", PYTHONPATH=pythonpath)
 
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap_bytes, cap_bytes))
@@ -309,6 +359,32 @@ def _cells(r: dict) -> list[str]:
             f"{r.get('memory_ratio', float('nan')):.2f}", f"{r.get('baseline_mb', float('nan')):.0f}"]
 
 
+def goals(records: list[dict]) -> list[str]:
+    """Same-run checks of the performance goals (issue 12), one line each."""
+    ok = {(r["task"], r["dtype"], r["n"], r["method"]): r for r in records if r["status"] == "ok"}
+    peers = [m for m in METHODS if m.startswith(("gpytorch", "looped"))]
+    lines = []
+    for dtype in sorted({r["dtype"] for r in records}):
+        ours = ok.get(("mll", dtype, 5000, "lazykern"))
+        theirs = [ok[k] for k in ((("mll", dtype, 5000, m)) for m in peers) if k in ok]
+        if ours and theirs:
+            best = min(theirs, key=lambda r: r["median_s"])
+            growth = (ours["peak_mb"] - ours["baseline_mb"]) / max(1.0, best["peak_mb"] - best["baseline_mb"])
+            lines.append(
+                f"- {dtype}, N = 5000: MLL step {best['median_s'] / ours['median_s']:.1f}x faster than the fastest "
+                f"GPyTorch recipe ({best['method']}, {best['median_s']:.2f} s vs {ours['median_s']:.2f} s; goal >= 4x), "
+                f"memory growth {100 * growth:.0f}% of its (goal <= 10%)."
+            )
+        n = max((r["n"] for r in records if r["dtype"] == dtype), default=None)
+        step, lazy = ok.get(("mll", dtype, n, "lazykern")), ok.get(("matvec", dtype, n, "lazykern-lazy"))
+        if step and lazy:
+            lines.append(
+                f"- {dtype}, N = {n}: MLL step {step['median_s']:.2f} s = {step['median_s'] / lazy['median_s']:.1f} lazy "
+                f"12-column passes ({lazy['median_s']:.3f} s each; goal <= 52, i.e. 2x 26 passes)."
+            )
+    return lines
+
+
 def markdown(records: list[dict], meta: dict) -> str:
     lines = [
         f"Machine: {meta['machine']['gpu'] or ''}{' on ' if meta['machine']['gpu'] else ''}{meta['machine']['cpu']}, "
@@ -323,6 +399,9 @@ def markdown(records: list[dict], meta: dict) -> str:
     for r in records:
         cells = _cells(r)
         lines.append(f"| {r['task']} | {r['dtype']} | {r['n']} | {r['method']} | " + " | ".join(cells) + " |")
+    summary = goals(records)
+    if summary:
+        lines += ["", "Goals, same run:", "", *summary]
     return "\n".join(lines) + "\n"
 
 
@@ -381,7 +460,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for additive.{json,md,png}")
     parser.add_argument("--name", default="additive", help="file name stem of the results")
     parser.add_argument("--note", default="", help="free text stored with the results (e.g. machine load)")
+    parser.add_argument("--quick", action="store_true",
+                        help="N = 2000 and 5000, float32, one repeat, lazykern and the two fastest GPyTorch "
+                        "recipes (results named additive-quick unless --name is given)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.dtypes, args.repeats = [2000, 5000], ["float32"], 1
+        args.methods = ["lazykern", "lazykern-lazy", "gpytorch-structure", "gpytorch-sum"]
+        if args.name == "additive":
+            args.name = "additive-quick"
 
     if args.child:
         print("RESULT " + json.dumps(child(json.loads(args.child))), flush=True)

@@ -31,6 +31,30 @@ if ! python -c "import lazykern, pykeops, gpytorch" >/dev/null 2>&1; then
 fi
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu.sh: torch sees no CUDA device')"
 
+# lazykern's GPU engine is KeOps: probe one KeOps compile and reduction on the GPU in its own
+# process first. (Seen on an H200 with CUDA 13.0, driver 580 and pykeops 2.3: keopscore's nvrtc
+# Compile segfaults on the first formula, which would otherwise kill every lazykern run of the suite.)
+set +e
+python - <<'PROBE'
+import torch
+from pykeops.torch import LazyTensor
+
+x = torch.randn(100, 3, device="cuda")
+K = (-((LazyTensor(x[:, None, :]) - LazyTensor(x[None, :, :])) ** 2).sum(-1)).exp()
+value = float((K @ torch.ones(100, 1, device="cuda")).sum())
+dense = torch.exp(-((x[:, None] - x[None]) ** 2).sum(-1)).sum().item()
+assert abs(value - dense) <= 1e-3 * dense, (value, dense)
+print(f"gpu.sh: KeOps compiled and ran a reduction on the GPU ({value:.4f} = {dense:.4f})")
+PROBE
+PROBE_STATUS=$?
+set -e
+if [ "$PROBE_STATUS" -ne 0 ]; then
+    echo "gpu.sh: KeOps cannot compile or run a reduction on this GPU (exit status $PROBE_STATUS; 139 or -11 is a" \
+         "segfault). lazykern runs on KeOps on GPUs, so the suite would measure nothing: install a pykeops/keopscore" \
+         "build that supports this CUDA version and driver, then rerun." >&2
+    exit 3
+fi
+
 {
     echo "== $(date -u +%FT%TZ) $GPU_NAME (${GPU_MEM_MIB} MiB), cap ${CAP_GB} GB"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
