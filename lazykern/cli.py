@@ -116,15 +116,15 @@ def _build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--n-train", type=_positive_int, default=None, metavar="N",
                          help=f"training points (default: {gpu_n_train} on a GPU, {cpu_n_train} on a CPU)")
         sub.add_argument("--optimizer", choices=OPTIMIZERS, default="auto",
-                         help="lbfgs: L-BFGS with a line search (needs the exact likelihood); adam: Adam, halving "
+                         help="lbfgs: L-BFGS with a line search (meant for the exact likelihood); adam: Adam, halving "
                          "its step on plateaus; auto (default): L-BFGS up to --max-cholesky training points, "
                          "Adam above")
-        sub.add_argument("--iters", type=_positive_int, default=DEFAULT_ITERS,
-                         help=f"most L-BFGS iterations (at most 2 ITERS loss evaluations) or Adam steps; training "
+        sub.add_argument("--iters", type=_positive_int, default=DEFAULT_ITERS, metavar="N",
+                         help=f"most L-BFGS iterations (at most 2N loss evaluations) or Adam steps; training "
                          f"stops earlier once converged (default {DEFAULT_ITERS})")
         sub.add_argument("--lr", type=_positive_float, default=None,
                          help="initial step: default 1 for L-BFGS (its line search adapts it), 0.1 for Adam")
-        sub.add_argument("--tolerance", type=_positive_float, default=DEFAULT_TOLERANCE,
+        sub.add_argument("--tolerance", type=_positive_float, default=DEFAULT_TOLERANCE, metavar="T",
                          help="converged when the loss (nats per training point) changes by less than this per "
                          f"step: between L-BFGS iterations, over Adam's last 10 steps (default {DEFAULT_TOLERANCE:g})")
         sub.add_argument("--dtype", choices=("float32", "float64"), default="float32",
