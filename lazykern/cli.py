@@ -4,13 +4,18 @@ Usage::
 
     lazykern demo                                      # synthetic additive problem, no data needed
     lazykern demo --compare                            # ... next to ARD RBF kernels on the same split
-    lazykern uci pol                                   # additive RBF GP on UCI pol, split 0
+    lazykern uci pol                                   # additive GP over all interaction orders on UCI pol
+    lazykern uci kin40k --kernel oak --max-degree 3 --plot kin40k.png
     lazykern uci kin40k --kernel rbf-ard --json out.json
     lazykern --version
 
-The report goes to stdout: test RMSE and NLPD next to the mean predictor's (RMSE 1.0 in
-standardized units), with ``--compare`` next to lazykern's and GPyTorch's ARD RBF kernels trained
-on the same split. Progress bars, warnings and, with ``--verbose``, KeOps' own messages go to
+The default kernel is :data:`~lazykern.kernel_names.DEFAULT_KERNEL` (``additive-ng``), trained by
+:func:`lazykern.regression.fit_evaluate`'s recipe (``--optimizer``, ``--iters``, ``--lr``,
+``--tolerance``). The report goes to stdout: test RMSE and NLPD next to the mean predictor's (RMSE
+1.0 in standardized units), the optimizer that ran and its loss evaluations, for additive kernels the
+share of variance per interaction order and the inputs with the largest shares (``--plot FILE``
+saves the component plot), with ``--compare`` next to lazykern's and GPyTorch's ARD RBF kernels
+trained on the same split. Progress bars, warnings and, with ``--verbose``, KeOps' own messages go to
 stderr. ``--help``, ``--version`` and mistakes in the command are answered before torch, GPyTorch or
 KeOps is imported; a mistake (unknown dataset, missing data folder, split out of range, bad option)
 prints one line on stderr saying what is wrong and how to fix it, and exits with status 2.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -28,7 +34,7 @@ from pathlib import Path
 from typing import Any, Iterator, NoReturn, Sequence, TextIO
 
 from . import __version__
-from .kernel_names import COMPARE_KERNELS, KERNELS
+from .kernel_names import COMPARE_KERNELS, COMPONENT_KERNELS, DEFAULT_KERNEL, INTERACTION_KERNELS, KERNELS, OPTIMIZERS
 
 __all__ = ["main", "CPU_DEFAULT_N_TRAIN", "DEMO_CPU_N_TRAIN"]
 
@@ -45,6 +51,13 @@ DEMO_GPU_N_TRAIN = 10000
 CHOLESKY_MAX = 2000
 """Default ``--max-cholesky``: up to this many training points a dense Cholesky factor (16 MB in
 float32) is cheaper on a CPU than conjugate gradients, and exact."""
+
+DEFAULT_ITERS = 200
+DEFAULT_TOLERANCE = 1e-4
+# fit_evaluate's defaults (tests/test_cli.py checks they agree); repeated here because the parser
+# answers before lazykern.regression (torch, GPyTorch) is imported.
+
+PLOT_FORMATS = (".png", ".pdf", ".svg", ".eps", ".jpg", ".jpeg")
 
 USAGE_ERROR = 2
 
@@ -90,16 +103,30 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def common(sub: argparse.ArgumentParser, default_kernel: str, cpu_n_train: int, gpu_n_train: str) -> None:
-        sub.add_argument("--kernel", choices=KERNELS, default=default_kernel,
-                         help=f"covariance (default {default_kernel})")
+    def common(sub: argparse.ArgumentParser, cpu_n_train: int, gpu_n_train: str) -> None:
+        sub.add_argument("--kernel", choices=KERNELS, default=DEFAULT_KERNEL,
+                         help=f"covariance (default {DEFAULT_KERNEL}: one-dimensional RBF kernels combined over "
+                         "interaction orders 1..R, one variance per order)")
+        sub.add_argument("--max-degree", type=_positive_int, default=None, metavar="R",
+                         help=f"highest interaction order of {' and '.join(INTERACTION_KERNELS)} "
+                         "(default: all orders, R = d)")
         sub.add_argument("--compare", action="store_true",
                          help=f"also train {' and '.join(COMPARE_KERNELS)} (lazykern's and GPyTorch's ARD RBF) "
                          "on the same split and report them side by side")
         sub.add_argument("--n-train", type=_positive_int, default=None, metavar="N",
                          help=f"training points (default: {gpu_n_train} on a GPU, {cpu_n_train} on a CPU)")
-        sub.add_argument("--iters", type=_positive_int, default=50, help="Adam steps (default 50)")
-        sub.add_argument("--lr", type=_positive_float, default=0.1, help="Adam learning rate (default 0.1)")
+        sub.add_argument("--optimizer", choices=OPTIMIZERS, default="auto",
+                         help="lbfgs: L-BFGS with a line search (meant for the exact likelihood); adam: Adam, halving "
+                         "its step on plateaus; auto (default): L-BFGS up to --max-cholesky training points, "
+                         "Adam above")
+        sub.add_argument("--iters", type=_positive_int, default=DEFAULT_ITERS, metavar="N",
+                         help=f"most L-BFGS iterations (at most 2N loss evaluations) or Adam steps; training "
+                         f"stops earlier once converged (default {DEFAULT_ITERS})")
+        sub.add_argument("--lr", type=_positive_float, default=None,
+                         help="initial step: default 1 for L-BFGS (its line search adapts it), 0.1 for Adam")
+        sub.add_argument("--tolerance", type=_positive_float, default=DEFAULT_TOLERANCE, metavar="T",
+                         help="converged when the loss (nats per training point) changes by less than this per "
+                         f"step: between L-BFGS iterations, over Adam's last 10 steps (default {DEFAULT_TOLERANCE:g})")
         sub.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                          help="floating point precision (default float32)")
         sub.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -110,6 +137,10 @@ def _build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--seed", type=int, default=0, help="seed of subsampling and training (default 0)")
         sub.add_argument("--json", type=Path, default=None, metavar="PATH",
                          help="also write the results as JSON ('-': to stdout, the report then goes to stderr)")
+        sub.add_argument("--plot", type=Path, default=None, metavar="FILE",
+                         help=f"save the component plot of an additive kernel ({', '.join(COMPONENT_KERNELS)}): "
+                         f"each input's component with its band, the order and input shares "
+                         f"({', '.join(PLOT_FORMATS)})")
         sub.add_argument("--quiet", action="store_true", help="no progress bars")
         sub.add_argument("--verbose", action="store_true", help="show KeOps' own messages (on stderr)")
 
@@ -120,14 +151,14 @@ def _build_parser() -> argparse.ArgumentParser:
     uci.add_argument("dataset", help="dataset name, e.g. pol, elevators, bike, kin40k, protein, keggdirected")
     uci.add_argument("--split", type=int, default=0, help="standard train/test split, 0-9 (default 0)")
     uci.add_argument("--data-dir", type=Path, default=None, help="folder with one sub-folder per dataset")
-    common(uci, "additive-rbf", CPU_DEFAULT_N_TRAIN, "all")
+    common(uci, CPU_DEFAULT_N_TRAIN, "all")
 
     demo = commands.add_parser("demo", help="train and evaluate on a synthetic additive problem",
                                description="Train an exact GP on y = sum_j f_j(x_j) + noise, generated in code "
                                "(no files, no network).")
     demo.add_argument("--d", type=_positive_int, default=6, help="input dimensions (default 6)")
     demo.add_argument("--n-test", type=_positive_int, default=500, help="test points (default 500)")
-    common(demo, "additive-rbf", DEMO_CPU_N_TRAIN, str(DEMO_GPU_N_TRAIN))
+    common(demo, DEMO_CPU_N_TRAIN, str(DEMO_GPU_N_TRAIN))
     return parser
 
 
@@ -158,9 +189,28 @@ def _json_to_stdout(path: Path | None) -> bool:
     return path is not None and str(path) == "-"
 
 
-def _check_json_path(path: Path | None) -> None:
-    if path is not None and not _json_to_stdout(path) and not path.parent.resolve().is_dir():
-        raise _UsageError(f"--json {path}: folder {path.parent} does not exist; create it or choose another path")
+def _check_folder(flag: str, path: Path) -> None:
+    if not path.parent.resolve().is_dir():
+        raise _UsageError(f"{flag} {path}: folder {path.parent} does not exist; create it or choose another path")
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Mistakes a flag combination makes, found before any data is read or anything trained."""
+    if args.json is not None and not _json_to_stdout(args.json):
+        _check_folder("--json", args.json)
+    if args.max_degree is not None and args.kernel not in INTERACTION_KERNELS:
+        raise _UsageError(f"--max-degree applies to --kernel {' or '.join(INTERACTION_KERNELS)} only, "
+                          f"not {args.kernel!r}")
+    if args.plot is not None:
+        if args.kernel not in COMPONENT_KERNELS:
+            raise _UsageError(f"--plot needs a kernel with additive components ({', '.join(COMPONENT_KERNELS)}), "
+                              f"not {args.kernel!r}")
+        if args.plot.suffix.lower() not in PLOT_FORMATS:
+            raise _UsageError(f"--plot {args.plot}: unknown image format {args.plot.suffix or '(no suffix)'!r}; "
+                              f"use one of {', '.join(PLOT_FORMATS)}")
+        _check_folder("--plot", args.plot)
+        if importlib.util.find_spec("matplotlib") is None:
+            raise _UsageError("--plot needs matplotlib: pip install matplotlib (or lazykern's [dev] extra)")
 
 
 def _load(args: argparse.Namespace, device, dtype):
@@ -200,6 +250,37 @@ def _format_value(value: Any) -> str:
     return f"{value:.4g}"
 
 
+_OPTIMIZER_NAMES = {"lbfgs": "L-BFGS", "adam": "Adam"}
+SHOWN_ORDERS = 8
+SHOWN_INPUTS = 5
+
+
+def _training(record: dict[str, Any]) -> str:
+    """What the optimizer ran, against its limit (``--iters``)."""
+    name = _OPTIMIZER_NAMES[record["optimizer_used"]] + (" (auto)" if record["optimizer"] == "auto" else "")
+    if record["optimizer_used"] == "lbfgs":
+        return f"{name}: {record['evaluations']} loss evaluations, at most {record['iters']} iterations"
+    return f"{name}: {record['evaluations']} steps of at most {record['iters']}"
+
+
+def _shares(record: dict[str, Any]) -> list[str]:
+    """The share of variance per interaction order and the inputs with the largest first-order shares."""
+    orders, inputs = record.get("order_shares"), record.get("dimension_shares")
+    if orders is None or inputs is None:
+        return []
+    how = ("Sobol indices under the input measure" if record["analysis_kind"] == "sobol"
+           else "variance of each order's posterior-mean component on the training inputs")
+    shown = "  ".join(f"{r}: {share:.3f}" for r, share in enumerate(orders[:SHOWN_ORDERS], start=1))
+    if len(orders) > SHOWN_ORDERS:
+        shown += f"  {SHOWN_ORDERS + 1}-{len(orders)}: {sum(orders[SHOWN_ORDERS:]):.3f}"
+    top = sorted(range(len(inputs)), key=lambda k: -inputs[k])[:SHOWN_INPUTS]
+    return [
+        f"order shares        {shown}",
+        f"                    ({how})",
+        f"top inputs          {'  '.join(f'x{k}: {inputs[k]:.3f}' for k in top)}   (first-order shares)",
+    ]
+
+
 def _report(record: dict[str, Any]) -> str:
     rows = [
         ("test RMSE", f"{record['rmse']:.4f}", f"{record['rmse_original']:.5g}"),
@@ -209,10 +290,11 @@ def _report(record: dict[str, Any]) -> str:
     lines += [f"{name:<20}{a:>14}{b:>18}" for name, a, b in rows]
     memory = "peak process RSS" if record["memory_measure"] == "process_peak_rss" else "peak CUDA allocated"
     lines += [
-        f"{'train time':<20}{record['train_seconds']:>13.1f}s   ({record['iters']} Adam steps, "
+        f"{'train time':<20}{record['train_seconds']:>13.1f}s   ({_training(record)}, "
         f"final loss {record['final_loss']:.4f}, {record['solver']})",
         f"{'predict':<20}{record['predict_seconds']:>13.2f}s",
         f"{'memory':<20}{record['peak_memory_mb']:>11.0f} MB   ({memory})",
+        *_shares(record),
         "hyperparameters:",
     ]
     lines += [f"  {name} = {_format_value(value)}" for name, value in record["hyperparameters"].items()]
@@ -238,15 +320,19 @@ def _context(record: dict[str, Any]) -> str:
 
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:
+    _check_options(args)  # before torch is imported: a mistake is answered at once
+
     import torch
 
-    from .regression import fit_evaluate, gaussian_metrics
+    from .regression import fit_evaluate, gaussian_metrics, plot_components
 
-    _check_json_path(args.json)
     report = sys.stderr if _json_to_stdout(args.json) else out
     device = _device(args.device)
     dtype = getattr(torch, args.dtype)
     data, note = _load(args, device, dtype)
+    if args.max_degree is not None and args.max_degree > data.d:
+        raise _UsageError(f"--max-degree {args.max_degree} exceeds the {data.d} input dimensions of {data.name}; "
+                          f"use at most {data.d}")
     print(f"{data.name} split {data.split}: {note}; n_test={data.n_test}, d={data.d}, "
           f"{args.dtype} on {device}", file=report, flush=True)
     kernels = [args.kernel] + ([k for k in COMPARE_KERNELS if k != args.kernel] if args.compare else [])
@@ -256,18 +342,23 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
             print(f"[{i + 1}/{len(kernels)}] {kernel}", file=sys.stderr, flush=True)
         torch.manual_seed(args.seed)
         results.append(fit_evaluate(data.train_x, data.train_y, data.test_x, data.test_y, kernel=kernel,
-                                    iters=args.iters, lr=args.lr, y_scale=data.y_std,
-                                    max_cholesky_size=args.max_cholesky, progress=not args.quiet).to_dict())
+                                    max_degree=args.max_degree if i == 0 else None, iters=args.iters, lr=args.lr,
+                                    optimizer=args.optimizer, tolerance=args.tolerance, y_scale=data.y_std,
+                                    max_cholesky_size=args.max_cholesky, progress=not args.quiet))
     # The training mean and variance are 0 and 1 in standardized units, by construction.
     rmse, nlpd = gaussian_metrics(torch.zeros_like(data.test_y), torch.ones_like(data.test_y), data.test_y)
     mean_predictor = {"rmse": rmse, "nlpd": nlpd, "rmse_original": rmse * data.y_std,
                       "nlpd_original": nlpd + math.log(data.y_std)}
-    record = {"dataset": data.name, "split": data.split, "seed": args.seed, **results[0],
-              "mean_predictor": mean_predictor}
+    record = {"dataset": data.name, "split": data.split, "seed": args.seed, "tolerance": args.tolerance,
+              **results[0].to_dict(), "mean_predictor": mean_predictor}
     if args.compare:
-        record["compare"] = results[1:]
+        record["compare"] = [r.to_dict() for r in results[1:]]
     print(_report(record), file=report)
     print("\n" + _context(record), file=report, flush=True)
+    if args.plot is not None:
+        plot_components(results[0], args.plot, x_mean=data.x_mean, x_std=data.x_std, y_std=data.y_std,
+                        title=f"{data.name} split {data.split}: {args.kernel}")
+        print(f"wrote {args.plot}", file=report)
     if _json_to_stdout(args.json):
         print(json.dumps(record, indent=2), file=out, flush=True)
     elif args.json is not None:

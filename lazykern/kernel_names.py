@@ -1,5 +1,5 @@
-"""Names of the kernels the regression job builds (:func:`lazykern.regression.make_kernel`,
-``lazykern uci --kernel``).
+"""Names of the kernels and optimizers the regression job uses (:func:`lazykern.regression.make_kernel`,
+:func:`lazykern.regression.train`, ``lazykern uci --kernel/--optimizer``).
 
 A module of plain names, free of torch and GPyTorch, so that the ``lazykern`` command lists and
 checks them before importing anything heavy (``lazykern --help`` answers at once).
@@ -7,7 +7,7 @@ checks them before importing anything heavy (``lazykern --help`` answers at once
 
 from __future__ import annotations
 
-__all__ = ["KERNELS", "DEFAULT_KERNEL", "COMPARE_KERNELS"]
+__all__ = ["KERNELS", "DEFAULT_KERNEL", "COMPARE_KERNELS", "INTERACTION_KERNELS", "COMPONENT_KERNELS", "OPTIMIZERS"]
 
 KERNELS: tuple[str, ...] = (
     "additive-rbf",
@@ -27,3 +27,14 @@ DEFAULT_KERNEL = "additive-ng"
 COMPARE_KERNELS: tuple[str, ...] = ("rbf-ard", "gpytorch-rbf-ard")
 """The references ``lazykern uci --compare`` trains on the same split: lazykern's full ARD RBF kernel
 and GPyTorch's own :class:`gpytorch.kernels.RBFKernel`."""
+
+INTERACTION_KERNELS: tuple[str, ...] = ("additive-ng", "oak")
+"""The kernels with interaction orders 1..R, the ones that take a ``max_degree`` (``--max-degree``)."""
+
+COMPONENT_KERNELS: tuple[str, ...] = ("additive-rbf", "additive-matern52", *INTERACTION_KERNELS)
+"""The kernels made of additive components: a trained model's order and dimension shares and its
+component plot (:func:`lazykern.regression.plot_components`, ``--plot``) exist for these."""
+
+OPTIMIZERS: tuple[str, ...] = ("auto", "lbfgs", "adam")
+"""Optimizers of :func:`lazykern.regression.train`; ``auto`` is L-BFGS on the exact (Cholesky) path,
+Adam on the CG path."""

@@ -50,7 +50,8 @@ from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor
 
 from . import kernels as lazy_kernels
-from .kernel_names import DEFAULT_KERNEL, KERNELS
+from . import kernel_names
+from .kernel_names import COMPONENT_KERNELS, DEFAULT_KERNEL, INTERACTION_KERNELS, KERNELS
 from .validation import check_floating_matrix, check_positive_int, check_positive_number
 
 __all__ = [
@@ -86,7 +87,7 @@ INITIAL_NOISE = 0.01
 pumadyn32nm (1,500 points, ARD RBF, L-BFGS): from GPyTorch's default 0.69, or from 0.1, training
 converges to the mean predictor (outputscale 1e-5, noise 1.0); from 0.01 it finds the fit."""
 
-OPTIMIZERS: tuple[str, ...] = ("auto", "lbfgs", "adam")
+OPTIMIZERS: tuple[str, ...] = kernel_names.OPTIMIZERS
 """Optimizers of :func:`train`; ``auto`` is L-BFGS on the exact (Cholesky) path, Adam on the CG path."""
 _ADAM_WINDOW = 10
 _ADAM_HALVINGS = 4
@@ -124,7 +125,7 @@ def make_kernel(name: str, num_dims: int, max_degree: int | None = None) -> Kern
     check_positive_int("num_dims", num_dims)
     if name not in KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(KERNELS)}; got {name!r}")
-    if name in ("additive-ng", "oak"):
+    if name in INTERACTION_KERNELS:
         if max_degree is None:
             degree = num_dims if DEFAULT_MAX_DEGREE is None else min(DEFAULT_MAX_DEGREE, num_dims)
         else:
@@ -133,7 +134,7 @@ def make_kernel(name: str, num_dims: int, max_degree: int | None = None) -> Kern
             return lazy_kernels.OrthogonalAdditiveKernel(num_dims, degree)
         return lazy_kernels.NewtonGirardAdditiveKernel(lazy_kernels.RBFKernel(ard_num_dims=num_dims), num_dims, degree)
     if max_degree is not None:
-        raise ValueError(f"max_degree applies to the additive-ng and oak kernels only, not {name!r}")
+        raise ValueError(f"max_degree applies to the {' and '.join(INTERACTION_KERNELS)} kernels only, not {name!r}")
     if name == "additive-rbf":
         base = lazy_kernels.AdditiveStructureKernel(
             lazy_kernels.RBFKernel(ard_num_dims=num_dims), num_dims=num_dims, component_scales=True
@@ -301,11 +302,7 @@ def train(
     if lr is not None:
         check_positive_number("lr", lr)
     check_positive_number("tolerance", tolerance)
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {optimizer!r}")
-    if optimizer == "auto":
-        exact = model.train_inputs[0].shape[-2] <= gpytorch.settings.max_cholesky_size.value()
-        optimizer = "lbfgs" if exact else "adam"
+    optimizer = _chosen_optimizer(optimizer, model.train_inputs[0].shape[-2])
     model.train()
     likelihood.train()
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
@@ -352,6 +349,15 @@ def train(
                     for group in opt.param_groups:
                         group["lr"] /= 2
     return losses
+
+
+def _chosen_optimizer(optimizer: str, n_train: int) -> str:
+    """The optimizer :func:`train` runs: ``auto`` resolved by whether the likelihood is exact."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {optimizer!r}")
+    if optimizer != "auto":
+        return optimizer
+    return "lbfgs" if n_train <= gpytorch.settings.max_cholesky_size.value() else "adam"
 
 
 def predict(
@@ -485,6 +491,7 @@ class RegressionResult:
         n_train, n_test, d: data sizes.
         dtype, device: where it ran.
         iters, lr, optimizer: training settings (``lr`` ``None``: the optimizer's default).
+        optimizer_used: the optimizer that ran, ``"lbfgs"`` or ``"adam"`` (``"auto"`` resolved).
         max_degree: highest interaction order of the kernel (``None`` for kernels without orders).
         solver: ``"cholesky"`` or ``"cg"`` (conjugate gradients and Lanczos on lazy matvecs).
         rmse, nlpd: test RMSE and mean NLPD in the units of the targets given.
@@ -493,7 +500,8 @@ class RegressionResult:
         peak_memory_mb: peak memory during training and prediction (see :class:`PeakMemory`).
         memory_measure: ``"cuda_max_allocated"`` or ``"process_peak_rss"``.
         final_loss: last training loss (negative marginal log likelihood per point).
-        evaluations: number of loss evaluations during training.
+        evaluations: number of loss evaluations during training (Adam: its steps; L-BFGS: every
+            evaluation, line search included).
         hyperparameters: final hyperparameters (see :func:`hyperparameters`).
         order_shares: share of variance of each interaction order (see
             :func:`lazykern.components.component_analysis`), ``None`` for non-additive kernels.
@@ -513,6 +521,7 @@ class RegressionResult:
     iters: int
     lr: float | None
     optimizer: str
+    optimizer_used: str
     max_degree: int | None
     solver: str
     rmse: float
@@ -603,6 +612,7 @@ def fit_evaluate(
     if max_cholesky_size is None:
         max_cholesky_size = gpytorch.settings.max_cholesky_size.value()
     with PeakMemory(device) as peak, gpytorch.settings.max_cholesky_size(max_cholesky_size):
+        optimizer_used = _chosen_optimizer(optimizer, train_x.shape[0])
         start = time.perf_counter()
         losses = train(model, likelihood, iters=iters, lr=lr, progress=progress, optimizer=optimizer,
                        tolerance=tolerance)
@@ -630,6 +640,7 @@ def fit_evaluate(
         iters=iters,
         lr=lr,
         optimizer=optimizer,
+        optimizer_used=optimizer_used,
         max_degree=getattr(inner, "max_degree", None),
         solver="cholesky" if train_x.shape[0] <= max_cholesky_size else "cg",
         rmse=rmse,
@@ -684,5 +695,5 @@ def plot_components(
 
     if result.analysis is None:
         raise ValueError(f"no component analysis for kernel {result.kernel!r}: plot_components needs an additive "
-                         "or interaction kernel (additive-rbf, additive-matern52, additive-ng, oak) and analyze=True")
+                         f"or interaction kernel ({', '.join(COMPONENT_KERNELS)}) and analyze=True")
     return plot(result.analysis, path, names=names, x_mean=x_mean, x_std=x_std, y_std=y_std, title=title)

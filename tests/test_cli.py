@@ -14,12 +14,14 @@ import sys
 import pytest
 
 import lazykern
+from lazykern import kernel_names
 from lazykern.cli import main
 
 FIELDS = (
     "dataset", "split", "kernel", "n_train", "n_test", "d", "dtype", "device", "iters", "rmse", "nlpd",
     "rmse_original", "nlpd_original", "train_seconds", "predict_seconds", "peak_memory_mb", "hyperparameters",
-    "mean_predictor",
+    "mean_predictor", "optimizer", "optimizer_used", "evaluations", "tolerance", "max_degree", "order_shares",
+    "dimension_shares", "analysis_kind",
 )
 HEAVY = ("torch", "gpytorch", "linear_operator", "pykeops", "keopscore", "numpy", "scipy")
 
@@ -34,7 +36,8 @@ def run_cli(args, env_extra=None, use_script=False, timeout=600, python_flags=()
 
 def test_uci_compare_reports_every_kernel_in_context(uci_fixture, tmp_path):
     out = tmp_path / "out.json"
-    proc = run_cli(["uci", "pol", "--iters", "10", "--compare", "--json", str(out)],
+    # additive-rbf, not the default: Newton-Girard over 26 orders costs 10x more on the torch engine.
+    proc = run_cli(["uci", "pol", "--kernel", "additive-rbf", "--iters", "10", "--compare", "--json", str(out)],
                    {"LAZYKERN_DATA": str(uci_fixture.root)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads(out.read_text())
@@ -44,6 +47,8 @@ def test_uci_compare_reports_every_kernel_in_context(uci_fixture, tmp_path):
     assert record["dtype"] == "float32" and record["device"] == "cpu"
     assert math.isfinite(record["nlpd"]) and math.isfinite(record["nlpd_original"])
     assert len(record["hyperparameters"]["covar_module.base_kernel.base_kernel.lengthscale"]) == 26
+    assert (record["optimizer"], record["optimizer_used"], record["solver"]) == ("auto", "lbfgs", "cholesky")
+    assert record["order_shares"] == [1.0] and len(record["dimension_shares"]) == 26  # first order only
 
     # The mean predictor (training mean and variance: 0 and 1 standardized), from the raw test rows.
     raw, mask = uci_fixture.raw("pol")
@@ -59,6 +64,7 @@ def test_uci_compare_reports_every_kernel_in_context(uci_fixture, tmp_path):
     assert [r["kernel"] for r in record["compare"]] == ["rbf-ard", "gpytorch-rbf-ard"]
     for r in record["compare"]:
         assert (r["n_train"], r["n_test"], r["iters"]) == (360, 40, 10) and math.isfinite(r["rmse"])
+        assert r["order_shares"] is None and r["max_degree"] is None
     lazy, gpytorch_rbf = record["compare"]
 
     table = proc.stdout[proc.stdout.index("same split"):]
@@ -71,7 +77,8 @@ def test_uci_compare_reports_every_kernel_in_context(uci_fixture, tmp_path):
 
 def test_uci_pol_on_the_real_copy(data_dir, tmp_path):
     out = tmp_path / "out.json"
-    proc = run_cli(["uci", "pol", "--n-train", "1000", "--iters", "10", "--json", str(out)],
+    # additive-rbf: the KeOps formula this test always compiled (1,000 points run on KeOps).
+    proc = run_cli(["uci", "pol", "--kernel", "additive-rbf", "--n-train", "1000", "--iters", "10", "--json", str(out)],
                    {"LAZYKERN_DATA": str(data_dir)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads(out.read_text())
@@ -88,6 +95,12 @@ def test_demo_json_to_stdout_is_all_stdout_carries():
     record = json.loads(proc.stdout)  # nothing but the JSON: no report, no KeOps message
     assert record["dataset"] == "synthetic-additive" and record["d"] == 6 and record["n_train"] == 300
     assert record["rmse"] < 0.5, "an additive kernel fits an additive function well"
+    # The default kernel: Newton-Girard over all 6 orders, trained by L-BFGS on the exact likelihood.
+    assert (record["kernel"], record["max_degree"]) == (kernel_names.DEFAULT_KERNEL, 6)
+    assert len(record["hyperparameters"]["covar_module.outputscale"]) == 6
+    assert (record["optimizer"], record["optimizer_used"], record["solver"]) == ("auto", "lbfgs", "cholesky")
+    assert len(record["order_shares"]) == 6 and abs(sum(record["order_shares"]) - 1) < 1e-5
+    assert "order shares" in proc.stderr and "top inputs" in proc.stderr
     assert "test RMSE" in proc.stderr and "mean predictor" in proc.stderr
     assert "[KeOps]" not in proc.stderr, "KeOps' messages are shown with --verbose only"
 
@@ -115,6 +128,8 @@ def imported_modules(proc: subprocess.CompletedProcess) -> set[str]:
         (["--version"], 0, "stdout", f"lazykern {lazykern.__version__}"),
         (["demo", "--iters", "0"], 2, "stderr", "expected an integer >= 1"),
         (["uci", "pol", "--kernel", "nosuchkernel"], 2, "stderr", "invalid choice: 'nosuchkernel'"),
+        (["demo", "--kernel", "rbf-ard", "--max-degree", "2"], 2, "stderr", "--max-degree applies to"),
+        (["demo", "--kernel", "rbf-ard", "--plot", "c.png"], 2, "stderr", "--plot needs a kernel with additive"),
         ([], 2, "stderr", "the following arguments are required: COMMAND"),
     ],
 )
@@ -142,6 +157,19 @@ def test_version_is_the_package_version(capsys):
         (["uci", "pol", "--iters", "0"], "expected an integer >= 1, got '0'"),
         (["uci", "pol", "--lr", "-1"], "expected a positive number"),
         (["uci", "pol", "--json", "/nonexistent/folder/out.json"], "folder /nonexistent/folder does not exist"),
+        (["uci", "pol", "--max-degree", "0"], "argument --max-degree: expected an integer >= 1, got '0'"),
+        (["uci", "pol", "--kernel", "rbf-ard", "--max-degree", "2"],
+         "--max-degree applies to --kernel additive-ng or oak only, not 'rbf-ard'"),
+        (["uci", "pol", "--max-degree", "27"], "--max-degree 27 exceeds the 26 input dimensions of pol"),
+        (["uci", "pol", "--optimizer", "sgd"], "argument --optimizer: invalid choice: 'sgd'"),
+        (["uci", "pol", "--tolerance", "0"], "argument --tolerance: expected a positive number, got '0'"),
+        (["uci", "pol", "--lr", "nan"], "argument --lr: expected a positive number"),
+        (["uci", "pol", "--kernel", "gpytorch-rbf-ard", "--plot", "c.png"],
+         "--plot needs a kernel with additive components (additive-rbf, additive-matern52, additive-ng, oak), "
+         "not 'gpytorch-rbf-ard'"),
+        (["uci", "pol", "--plot", "/nonexistent/folder/c.png"], "--plot /nonexistent/folder/c.png: folder "
+         "/nonexistent/folder does not exist"),
+        (["uci", "pol", "--plot", "components.txt"], "unknown image format '.txt'; use one of .png, .pdf"),
         (["uci"], "the following arguments are required: dataset"),
         ([], "the following arguments are required: COMMAND"),
         (["fly"], "invalid choice: 'fly'"),
@@ -212,3 +240,65 @@ def test_every_public_name_resolves_on_first_use():
     assert set(lazykern.__all__) <= set(dir(lazykern))
     with pytest.raises(AttributeError, match="no attribute 'nosuchname'"):
         lazykern.nosuchname
+
+
+def test_training_defaults_are_fit_evaluates():
+    """The parser answers before lazykern.regression is imported, so it repeats the recipe's defaults."""
+    import inspect
+
+    from lazykern import regression
+    from lazykern.cli import _build_parser
+
+    defaults = {k: p.default for k, p in inspect.signature(regression.fit_evaluate).parameters.items()}
+    for command in (["demo"], ["uci", "pol"]):
+        args = _build_parser().parse_args(command)
+        assert args.kernel == defaults["kernel"] == kernel_names.DEFAULT_KERNEL
+        for name in ("max_degree", "iters", "lr", "optimizer", "tolerance"):
+            assert getattr(args, name) == defaults[name], name
+    choices = {a.dest: a.choices for a in _build_parser()._subparsers._group_actions[0].choices["demo"]._actions}
+    assert tuple(choices["optimizer"]) == regression.OPTIMIZERS and tuple(choices["kernel"]) == regression.KERNELS
+
+
+TINY_DEMO = ["demo", "--n-train", "200", "--n-test", "50", "--quiet"]  # under 512 points: the torch engine
+
+
+def test_oak_with_max_degree_reports_order_shares_and_plots(tmp_path, capsys):
+    plot, out = tmp_path / "components.png", tmp_path / "out.json"
+    assert main([*TINY_DEMO, "--kernel", "oak", "--max-degree", "2", "--iters", "5", "--plot", str(plot),
+                 "--json", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    record = json.loads(out.read_text())
+    assert (record["kernel"], record["max_degree"], record["analysis_kind"]) == ("oak", 2, "sobol")
+    assert len(record["order_shares"]) == 2 and abs(sum(record["order_shares"]) - 1) < 1e-5
+    assert len(record["dimension_shares"]) == 6
+    first, second = record["order_shares"]
+    assert re.search(rf"^order shares\s+1: {first:.3f}  2: {second:.3f}$", stdout, re.M), stdout
+    assert "(Sobol indices under the input measure)" in stdout
+    top = max(range(6), key=lambda k: record["dimension_shares"][k])
+    assert re.search(rf"^top inputs\s+x{top}: {record['dimension_shares'][top]:.3f}  x", stdout, re.M), stdout
+    assert (record["optimizer_used"], record["iters"]) == ("lbfgs", 5)
+    assert f"(L-BFGS (auto): {record['evaluations']} loss evaluations, at most 5 iterations, final loss" in stdout
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {plot}" in stdout
+
+
+@pytest.mark.parametrize(
+    "flags, used, training",
+    [
+        (["--optimizer", "adam", "--lr", "0.05", "--tolerance", "0.001"], "adam", "Adam: 3 steps of at most 3"),
+        (["--max-cholesky", "100"], "adam", "Adam (auto): 3 steps of at most 3"),  # CG path: auto picks Adam
+        (["--optimizer", "lbfgs", "--lr", "0.5"], "lbfgs", "L-BFGS: "),
+    ],
+)
+def test_optimizer_flags_reach_the_recipe_and_the_report(flags, used, training, capsys):
+    assert main([*TINY_DEMO, "--kernel", "rbf-ard", "--iters", "3", *flags, "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    record = json.loads(captured.out)
+    requested = dict(zip(flags[::2], flags[1::2]))
+    assert record["optimizer"] == requested.get("--optimizer", "auto") and record["optimizer_used"] == used
+    assert record["lr"] == (float(requested["--lr"]) if "--lr" in requested else None)
+    assert record["tolerance"] == float(requested.get("--tolerance", 1e-4))
+    assert record["solver"] == ("cg" if "--max-cholesky" in requested else "cholesky")
+    assert record["evaluations"] == 3 if used == "adam" else 1 <= record["evaluations"] <= 6
+    assert training in captured.err
+    # A kernel without components: no shares in the record or the report.
+    assert record["order_shares"] is None and record["analysis_kind"] is None and "order shares" not in captured.err

@@ -102,7 +102,7 @@ def test_fit_evaluate_reports_shares_and_plots(name, kind, orders, tmp_path):
     with settings.engine("torch"):
         result = fit_evaluate(x, y, x, y, kernel=name, iters=20, max_cholesky_size=100, progress=False)
     record = result.to_dict()
-    assert record["analysis_kind"] == kind and record["optimizer"] == "auto"
+    assert record["analysis_kind"] == kind and record["optimizer"] == "auto" and record["optimizer_used"] == "lbfgs"
     if kind is None:
         assert record["order_shares"] is None
         with pytest.raises(ValueError, match="no component analysis for kernel 'rbf-ard'"):
