@@ -45,9 +45,11 @@ def engine_for(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Te
     """The engine (``"cpu"``, ``"keops"`` or ``"torch"``) that evaluates ``formula`` on these tensors
     under the current :class:`lazykern.settings.engine`.
 
-    ``"auto"``: the torch engine below :class:`lazykern.settings.keops_min_size` points on either
-    side and for formulas that declare a ``pair_width`` (matrix products, best left to BLAS); else
-    the CPU engine for CPU tensors it supports (:func:`lazykern.cpu.supports`), else KeOps. A side
+    ``"auto"``: the torch engine for formulas that declare a ``pair_width`` (matrix products, best
+    left to BLAS); else the CPU engine for CPU tensors it supports (:func:`lazykern.cpu.supports`;
+    it compiles in about a second and beats the torch engine's row blocks at any size); else KeOps
+    when both sides have at least :class:`lazykern.settings.keops_min_size` points, the torch
+    engine below (a KeOps compile costs 5-40 s). A side
     with a single point always runs on the torch engine: KeOps reads a ``(..., 1, 1, D)`` tensor as
     a parameter, not as one point, and would silently reduce over the wrong axis.
     """
@@ -57,10 +59,12 @@ def engine_for(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Te
     choice = settings.engine.value()
     if choice != "auto":
         return choice
-    threshold = settings.keops_min_size.value()
-    if n < threshold or m < threshold or hasattr(formula, "pair_width"):
+    if hasattr(formula, "pair_width"):
         return "torch"
-    return "cpu" if cpu.supports(formula, x1, x2, params) else "keops"
+    if cpu.supports(formula, x1, x2, params):
+        return "cpu"
+    threshold = settings.keops_min_size.value()
+    return "keops" if n >= threshold and m >= threshold else "torch"
 
 
 def _pairwise_params(params: Mapping[str, Tensor]) -> dict[str, Tensor]:

@@ -76,9 +76,9 @@ def _non_negative_int(name: str, value: Any) -> int:
 class engine(_Setting):
     """Which engine evaluates kernel reductions (matvecs).
 
-    * ``"auto"`` (default): when both sides have at least :class:`keops_min_size` points,
-      lazykern's compiled CPU engine for CPU tensors it supports, else KeOps (GPUs); below that
-      size the chunked torch engine (:func:`lazykern.backend.engine_for` has the whole rule);
+    * ``"auto"`` (default): lazykern's compiled CPU engine for CPU tensors it supports; else KeOps
+      (GPUs) when both sides have at least :class:`keops_min_size` points, the chunked torch
+      engine below (:func:`lazykern.backend.engine_for` has the whole rule);
     * ``"cpu"``: always lazykern's CPU engine (:mod:`lazykern.cpu`; a ``ValueError`` names what it
       cannot evaluate);
     * ``"keops"``: always the symbolic KeOps reduction;
@@ -100,8 +100,8 @@ class engine(_Setting):
 
 class keops_min_size(_Setting):
     """Smallest number of points on *both* sides of a kernel matrix for which ``engine="auto"``
-    uses a compiled lazy engine, lazykern's CPU engine or KeOps (default 512). Below it, compiling
-    and launching a compiled reduction costs more than the chunked torch engine."""
+    uses KeOps when lazykern's CPU engine does not apply (default 512). Below it, compiling and
+    launching a KeOps reduction costs more than the chunked torch engine."""
 
     _default = 512
 
