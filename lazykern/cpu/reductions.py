@@ -181,9 +181,11 @@ def _param_buffers(params: Mapping[str, Tensor], batch: torch.Size, nb: int) -> 
     return {f"param:p:{n}": _rows(p.detach(), batch, nb) for n, p in params.items()}
 
 
-def _out(nb: int, n: int, w: int, like: Tensor) -> tuple[Tensor, int]:
-    t = like.new_empty(nb, n, w)
-    return t, n * w
+def _out(batch: torch.Size, n: int, w: int, like: Tensor) -> tuple[Tensor, int]:
+    """A ``(*batch, n, w)`` result and its batch stride, allocated in its final shape: a view
+    returned by an autograd Function may not be modified in place (``pairwise_dense`` flushes
+    subnormals in place)."""
+    return like.new_empty(*batch, n, w), n * w
 
 
 # ---------------------------------------------------------------------------- forward passes
@@ -195,7 +197,7 @@ def _forward_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[st
     n, m, c = outer.shape[-2], inner.shape[-2], rhs.shape[-1]
     mp = _padded(m)
     red = _program(formula, "mmT" if transposed else "mm", x1.shape[-1], x2.shape[-1], _spec(params), _DTYPES[x1.dtype])
-    out = _out(nb, n, c, x1)
+    out = _out(batch, n, c, x1)
     buffers = {
         "outer:o": _rows(outer.detach(), batch, nb),
         "inner:i": _columns(inner.detach(), batch, nb, mp),
@@ -204,7 +206,7 @@ def _forward_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[st
         **_param_buffers(params, batch, nb),
     }
     _run(red, buffers, nb, n, m, mp, c)
-    return out[0].reshape(*batch, n, c)
+    return out[0]
 
 
 def _forward_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
@@ -213,7 +215,7 @@ def _forward_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str
     n, m = x1.shape[-2], x2.shape[-2]
     mp = _padded(m)
     red = _program(formula, "dense", x1.shape[-1], x2.shape[-1], _spec(params), _DTYPES[x1.dtype])
-    out = _out(nb, n, m, x1)
+    out = _out(batch, n, m, x1)
     buffers = {
         "outer:o": _rows(x1.detach(), batch, nb),
         "inner:i": _columns(x2.detach(), batch, nb, mp),
@@ -221,7 +223,7 @@ def _forward_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str
         **_param_buffers(params, batch, nb),
     }
     _run(red, buffers, nb, n, m, mp, 1)
-    return out[0].reshape(*batch, n, m)
+    return out[0]
 
 
 # ---------------------------------------------------------------------------- backward passes
@@ -236,7 +238,7 @@ def _grad_pass(
     vecs: dict[str, Tensor],
 ) -> tuple[Tensor | None, Tensor | None, dict[str, Tensor]]:
     """Run one backward pass; returns (gradient of its outer input, K^T-product or None, the
-    per-parameter gradients), each still over the flattened batch."""
+    per-parameter gradients), each ``(*batch, rows, width)``."""
     nb = batch.numel()
     transposed = job.startswith("gradB")
     outer, inner = (x2, x1) if transposed else (x1, x2)
@@ -256,12 +258,12 @@ def _grad_pass(
             buffers[f"ovec:{k}"] = _rows(ov, batch, nb)
             buffers[f"ivec:{k}"] = _columns(iv, batch, nb, mp)
             c = ov.shape[-1]
-    sums = _out(nb, n, red.sums_width, x1) if red.sums else None
+    sums = _out(batch, n, red.sums_width, x1) if red.sums else None
     if sums is not None:
         buffers["out:sums"] = sums
     product = None
     if red.matmul is not None:
-        product = _out(nb, n, c, x1)
+        product = _out(batch, n, c, x1)
         buffers["out:matmul"] = product
     _run(red, buffers, nb, n, m, mp, c)
     grads: dict[str, Tensor] = {}
