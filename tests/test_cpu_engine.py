@@ -20,10 +20,16 @@ import torch
 
 from lazykern import backend, cpu, settings
 from lazykern.cpu import build
-from lazykern.formulas import StationaryFormula
+from lazykern.formulas import GroupFormula, InteractionFormula, StationaryFormula
+from lazykern.formulas.interactions import (
+    elementary_symmetric,
+    orthogonal_rbf_features,
+    orthogonal_rbf_l2_features,
+)
 from lazykern.formulas.ntk import dot
 
 from . import reference
+from . import reference_interactions as ref_int
 from .memory import peak_rss_increase_mb
 
 D = 3
@@ -363,6 +369,178 @@ def test_power_sum_formula():
         assert_close(g, e)
 
 
+def one_sided_orders(x1, x2, weights):
+    """All orders of the products of x1 * w (one side only: the recurrence runs once per row in
+    passes over rows of x1, on a row operand in their gradients) times exp(-|x2|^2 / 2)."""
+    return _sum(elementary_symmetric(x1 * weights, D)) * (-0.5 * _sum(x2 * x2)).exp()
+
+
+def test_elementary_symmetric_of_one_side():
+    x1, x2 = inputs()
+    w = torch.rand(1, D, dtype=DT).add(0.5).requires_grad_()
+    rhs = torch.randn(M, 2, dtype=DT, requires_grad=True)
+    weights = torch.randn(N, 2, dtype=DT)
+    tensors = [x1, x2, rhs, w]
+    out = cpu.matmul(one_sided_orders, x1, x2, {"weights": w}, rhs)
+
+    def dense(a, b):  # from the math: every subset of every order enumerated
+        z = (a * w)[:, None, :].expand(a.shape[0], b.shape[0], D)
+        return ref_int.orders(z, torch.ones(D, dtype=DT), None, D) * torch.exp(-0.5 * (b * b).sum(-1))
+
+    assert_close(out, dense(x1, x2) @ rhs)
+    for g, e in zip(grads(out, weights, tensors), grads(dense(x1, x2) @ rhs, weights, tensors)):
+        assert_close(g, e)
+    left, right = torch.randn(N, 2, dtype=DT), torch.randn(N, 2, dtype=DT)
+    gx, gp = cpu.symmetric_gradients(one_sided_orders, x1, {"weights": w}, left, right)
+    S = ((left @ right.T) * dense(x1, x1)).sum()
+    for g, e in zip([gx, gp["weights"]], torch.autograd.grad(S, [x1, w])):
+        assert_close(g, e)
+
+
+# ---------------------------------------------------------------------------- interaction kernels
+#: case -> (kind, one-dimensional family, max_degree); the orders of lazykern.formulas.interactions
+#: (the elementary symmetric recurrence is one node of the engine) and the groups.
+INTERACTIONS = {
+    "newton-girard-2": ("base", "rbf", 2),
+    "newton-girard-all": ("base", "rbf", D),
+    "newton-girard-matern-all": ("base", "matern", D),
+    "orthogonal-2": ("orthogonal", "rbf", 2),
+    "orthogonal-all": ("orthogonal", "rbf", D),
+    "group": ("group", "rbf", None),
+}
+GROUPS = ((0, 1), (1, 2))
+
+
+def interaction_hyperparameters() -> dict[str, torch.Tensor]:
+    return {
+        "lengthscale": torch.linspace(0.6, 1.7, D, dtype=DT).reshape(1, D).requires_grad_(),
+        "scales": torch.linspace(0.5, 2.0, D, dtype=DT).reshape(1, D).requires_grad_(),
+        "order_variances": torch.linspace(0.3, 0.9, D, dtype=DT).reshape(1, D).requires_grad_(),
+        "group_scales": torch.tensor([[0.7, 1.3]], dtype=DT).requires_grad_(),
+        "measure_mean": torch.full((1, D), 0.2, dtype=DT),
+        "measure_std": torch.linspace(0.7, 1.2, D, dtype=DT).reshape(1, D),
+    }
+
+
+def interaction_args(case: str, x1, x2, hp):
+    """The formula, its inputs and parameters as the interaction kernels pass them (same parameter
+    order, so the kernel tests below reuse these compiled passes)."""
+    kind, family, r = INTERACTIONS[case]
+    ls = hp["lengthscale"]
+    if kind == "group":
+        membership = torch.zeros(len(GROUPS), D, dtype=DT)
+        for g, dims in enumerate(GROUPS):
+            membership[g, list(dims)] = 1
+        params = {"membership": membership.reshape(1, -1), "scales": hp["group_scales"]}
+        return GroupFormula(StationaryFormula(family)), x1 / ls, x2 / ls, params
+    params = {"scales": hp["scales"], "order_variances": hp["order_variances"][..., :r]}
+    if kind == "orthogonal":
+        features = lambda x: orthogonal_rbf_features(x, ls, hp["measure_mean"], hp["measure_std"])  # noqa: E731
+        return InteractionFormula(StationaryFormula("rbf"), r, kind), features(x1), features(x2), params
+    base = StationaryFormula(family, nu=2.5 if family == "matern" else None)
+    return InteractionFormula(base, r), x1 / ls, x2 / ls, params
+
+
+def interaction_reference(case: str, x1, x2, hp):
+    """From the definitions: every subset of every order enumerated, measure integrals by quadrature."""
+    kind, family, r = INTERACTIONS[case]
+    ls = hp["lengthscale"]
+    if kind == "group":
+        return ref_int.group(family, x1, x2, ls, GROUPS, hp["group_scales"])
+    if kind == "orthogonal":
+        z = ref_int.orthogonal_rbf(x1, x2, ls, hp["measure_mean"], hp["measure_std"])
+    else:
+        z = ref_int.per_dimension(family, x1, x2, ls, nu=2.5 if family == "matern" else None)
+    return ref_int.orders(z, hp["order_variances"][..., :r], hp["scales"], r)
+
+
+def interaction_leaves(case: str, hp) -> list[torch.Tensor]:
+    names = ["lengthscale"] + (["group_scales"] if case == "group" else ["scales", "order_variances"])
+    return [hp[n] for n in names]
+
+
+def test_interaction_formulas_are_supported():
+    hp = interaction_hyperparameters()
+    x = torch.randn(10, D, dtype=DT)
+    for case in INTERACTIONS:
+        formula, a, b, params = interaction_args(case, x, x, hp)
+        assert cpu.supports(formula, a, b, params), case
+    l2 = InteractionFormula(StationaryFormula("rbf"), 2, "orthogonal-l2")
+    features = orthogonal_rbf_l2_features(x, hp["lengthscale"], hp["measure_mean"], hp["measure_std"])
+    params = {"scales": hp["scales"], "order_variances": hp["order_variances"][..., :2]}
+    assert cpu.supports(l2, features, features, params)
+
+
+@pytest.mark.parametrize("case", INTERACTIONS)
+def test_interaction_matmul_values_and_gradients(case):
+    """K(x1, x2) V and the gradients for x1, x2, V and every hyperparameter, per-order variances
+    included (the orthogonal terms' inputs are per-point features, differentiated through)."""
+    hp = interaction_hyperparameters()
+    x1, x2 = inputs()
+    rhs = torch.randn(M, 2, dtype=DT, requires_grad=True)
+    weights = torch.randn(N, 2, dtype=DT)
+    tensors = [x1, x2, rhs, *interaction_leaves(case, hp)]
+    formula, a, b, params = interaction_args(case, x1, x2, hp)
+    out = cpu.matmul(formula, a, b, params, rhs)
+    expected = interaction_reference(case, x1, x2, hp) @ rhs
+    assert_close(out, expected)
+    for g, e in zip(grads(out, weights, tensors), grads(expected, weights, tensors)):
+        assert_close(g, e)
+
+
+@pytest.mark.parametrize("case", INTERACTIONS)
+def test_interaction_dense_values_and_gradients(case):
+    hp = interaction_hyperparameters()
+    x1, x2 = inputs()
+    weights = torch.randn(N, M, dtype=DT)
+    tensors = [x1, x2, *interaction_leaves(case, hp)]
+    formula, a, b, params = interaction_args(case, x1, x2, hp)
+    K = cpu.dense(formula, a, b, params)
+    expected = interaction_reference(case, x1, x2, hp)
+    assert_close(K, expected)
+    for g, e in zip(grads(K, weights, tensors), grads(expected, weights, tensors)):
+        assert_close(g, e)
+
+
+@pytest.mark.parametrize("case", [c for c in INTERACTIONS if "matern" not in c])
+def test_interaction_symmetric_gradients(case):
+    """The fused gradient of sum_ij <l_i, r_j> k(x_i, x_j): one pass (two traces of the formula for
+    the orthogonal terms, which are not even stationary)."""
+    hp = interaction_hyperparameters()
+    x = torch.randn(N, D, dtype=DT, requires_grad=True)
+    left, right = torch.randn(N, 2, dtype=DT), torch.randn(N, 2, dtype=DT)
+    tensors = [x, *interaction_leaves(case, hp)]
+    formula, a, _, params = interaction_args(case, x, x, hp)
+    gx, gp = cpu.symmetric_gradients(formula, a, params, left, right)
+    differentiated = [n for n in params if gp[n] is not None]
+    assert differentiated == [n for n in params if params[n].requires_grad]
+    outputs = [a, *(params[n] for n in differentiated)]
+    actual = torch.autograd.grad(outputs, tensors, [gx, *(gp[n] for n in differentiated)])
+    S = ((left @ right.T) * interaction_reference(case, x, x, hp)).sum()
+    for g, e in zip(actual, torch.autograd.grad(S, tensors)):
+        assert_close(g, e)
+
+
+def test_orthogonal_l2_terms_match_the_torch_engine():
+    """The L2(p) inner products of orthogonal terms (component analysis): five features per
+    dimension and two expm1 per pair."""
+    hp = interaction_hyperparameters()
+    x1, x2 = inputs()
+    rhs = torch.randn(M, 2, dtype=DT)
+    weights = torch.randn(N, 2, dtype=DT)
+    formula = InteractionFormula(StationaryFormula("rbf"), 2, "orthogonal-l2")
+    features = lambda x: orthogonal_rbf_l2_features(  # noqa: E731
+        x, hp["lengthscale"], hp["measure_mean"], hp["measure_std"])
+    params = {"scales": hp["scales"], "order_variances": hp["order_variances"][..., :2]}
+    tensors = [x1, x2, *interaction_leaves("orthogonal-2", hp)]
+    out = cpu.matmul(formula, features(x1), features(x2), params, rhs)
+    with settings.engine("torch"):
+        expected = backend.pairwise_matmul(formula, features(x1), features(x2), params, rhs)
+    assert_close(out, expected)
+    for g, e in zip(grads(out, weights, tensors), grads(expected, weights, tensors)):
+        assert_close(g, e)
+
+
 # ---------------------------------------------------------------------------- supports, errors
 def test_supports_declines_what_it_cannot_generate():
     x = torch.randn(10, D, dtype=DT)
@@ -443,40 +621,55 @@ cpu.matmul(f, x[:50], x[:50], {"scales": s}, v[:50])
 
 
 # ---------------------------------------------------------------------------- as users reach it
-def test_kernel_of_x_runs_on_the_cpu_engine_by_default(monkeypatch):
-    """``kernel(X)`` on CPU tensors above ``keops_min_size`` points: products, the fused gradient and
-    the dense build all run on the CPU engine (KeOps is never called) and agree with the torch engine."""
+def _user_kernel(kind: str, d: int):
     import gpytorch
 
     import lazykern
 
-    def no_keops(*args, **kwargs):
-        raise AssertionError("KeOps was called on CPU tensors the CPU engine supports")
+    if kind == "additive":
+        base = lazykern.RBFKernel(ard_num_dims=d)
+        return gpytorch.kernels.ScaleKernel(lazykern.AdditiveStructureKernel(base, num_dims=d, component_scales=True))
+    if kind == "newton-girard":  # all orders, as lazykern uci's default kernel
+        base = lazykern.RBFKernel(ard_num_dims=d)
+        return lazykern.kernels.NewtonGirardAdditiveKernel(base, d, component_scales=True)
+    return lazykern.kernels.OrthogonalAdditiveKernel(d, max_degree=2, component_scales=True)
 
+
+@pytest.mark.parametrize("kind", ["additive", "newton-girard", "orthogonal"])
+def test_kernel_of_x_runs_on_the_cpu_engine_by_default(kind, monkeypatch):
+    """``kernel(X)`` on CPU tensors above ``keops_min_size`` points: products, the fused gradient and
+    the dense build (and its gradient: the Cholesky path of a training step) all run on the CPU
+    engine (KeOps is never called) and agree with the torch engine."""
     n, d = 600, 3
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(n, d, generator=gen, dtype=torch.float64)
     v = torch.randn(2, n, 2, generator=gen, dtype=torch.float64)  # a batch of right-hand sides
+    w = torch.randn(n, n, generator=gen, dtype=torch.float64)
 
     def run(engine: str):
-        base = lazykern.RBFKernel(ard_num_dims=d)
-        kernel = gpytorch.kernels.ScaleKernel(
-            lazykern.AdditiveStructureKernel(base, num_dims=d, component_scales=True)
-        ).double()
+        kernel = _user_kernel(kind, d).double()
         with settings.engine(engine), settings.max_dense_bytes(0):
             out = kernel(x) @ v
             (out * v).sum().backward()
-        with settings.engine(engine), torch.no_grad():
+        lazy_grads = [p.grad.clone() for p in kernel.parameters()]
+        kernel.zero_grad()
+        with settings.engine(engine):
             dense = kernel(x).to_dense()
-        return out.detach(), dense, [p.grad.clone() for p in kernel.parameters()]
+            (dense * w).sum().backward()
+        return out.detach(), dense.detach(), lazy_grads, [p.grad.clone() for p in kernel.parameters()]
 
     expected = run("torch")
+
+    def no_keops(*args, **kwargs):
+        raise AssertionError("KeOps was called on CPU tensors the CPU engine supports")
+
     monkeypatch.setattr(backend, "_keops_matmul", no_keops)
     monkeypatch.setattr(backend, "keops_session", no_keops)
-    op = gpytorch.kernels.ScaleKernel(lazykern.RBFKernel().double())(x).evaluate_kernel()
+    monkeypatch.setattr(backend, "_torch_rowwise", no_keops)
+    op = _user_kernel(kind, d).double()(x).evaluate_kernel()
     assert backend.engine_for(op.covar_func, op.x1, op.x2, op.tensor_params) == "cpu"
     got = run("auto")
     for a, b in zip(got[:2], expected[:2]):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
-    for a, b in zip(got[2], expected[2]):
+    for a, b in zip(got[2] + got[3], expected[2] + expected[3]):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)

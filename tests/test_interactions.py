@@ -1,5 +1,5 @@
 """Interaction kernels against dense references from their definitions: values and gradients,
-both engines, float64.
+every engine (KeOps, torch, lazykern's CPU engine), float64.
 
 KeOps compile budget: every KeOps test here uses D = 20 features, max_degree 3 and right-hand
 sides of 9 columns (padded to 16), float64 -- the same formulas as the CG training step of
@@ -88,7 +88,7 @@ def _check_matvec(kernel, x1, x2, rhs, engine):
         assert_close(g, e)
 
 
-@pytest.mark.parametrize("engine", ["torch", "keops"])
+@pytest.mark.parametrize("engine", ["torch", "keops", "cpu"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_symmetric_matvec_values_and_gradients(kind, engine):
     """K(X, X) @ V and the gradients for X, V and every hyperparameter (order variances included)."""

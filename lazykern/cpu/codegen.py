@@ -43,10 +43,14 @@ __all__ = ["Reduction", "generate", "TILES"]
 TILES = {"float": 64, "double": 64}
 
 _FUNCS = {
-    "float": {"exp": "expf", "log": "logf", "sin": "sinf", "cos": "cosf", "sqrt": "sqrtf", "abs": "fabsf", "pow": "powf"},
-    "double": {"exp": "exp", "log": "log", "sin": "sin", "cos": "cos", "sqrt": "sqrt", "abs": "fabs", "pow": "pow"},
+    "float": {"exp": "expf", "expm1": "expm1f", "log": "logf", "sin": "sinf", "cos": "cosf", "sqrt": "sqrtf",
+              "abs": "fabsf", "pow": "powf"},
+    "double": {"exp": "exp", "expm1": "expm1", "log": "log", "sin": "sin", "cos": "cos", "sqrt": "sqrt",
+               "abs": "fabs", "pow": "pow"},
 }
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+#: Operations that are loops over the feature axis (see ``lazykern.cpu.trace``), not elementwise.
+RECURRENCES = ("esym", "esym_vjp")
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,14 @@ class _Writer:
         outputs = list(red.sums) + ([red.matmul[0]] if red.matmul else []) + ([red.store] if red.store is not None else [])
         self.needed = set(_reachable(self.nodes, outputs))
         self.row = self._classify()
+        # Per-thread scratch (elements, in units of TILE lanes) of the pair recurrences that keep states.
+        self.scratch: dict[int, str] = {}
+        total = 0
+        for z in sorted(self.needed):
+            if self.nodes[z].op == "esym_vjp" and not self.row[z]:
+                self.scratch[z] = f"{total} * TILE"
+                total += _scratch_rows(self.nodes, z)
+        self.scratch_size = f"{total} * TILE" if total else "0"
         self.consumers: dict[int, list[int]] = {}
         for z in sorted(self.needed):
             for a in self.nodes[z].args:
@@ -167,6 +179,10 @@ class _Writer:
                 mat.add(z)  # (a pair weight is a tile array already)
         for root in ([self.red.matmul[0]] if self.red.matmul else []) + ([self.red.store] if self.red.store is not None else []):
             mat.add(root)
+        for z in self.needed:  # a recurrence reads its operands at runtime indices: from tile arrays
+            if self.nodes[z].op in RECURRENCES and not self.row[z]:
+                mat.add(z)
+                mat.update(a for a in self.nodes[z].args if not self.row[a] and self.nodes[a].op != "in")
         return mat
 
     # ------------------------------------------------------------------ source
@@ -242,8 +258,11 @@ class _Writer:
         w("  const int64_t rows = batch * n;")
         w("  #pragma omp parallel num_threads(threads)")
         w("  {")
-        w(f"    T* const __restrict__ acc = (T*)aligned_alloc(64, sizeof(T) * ({acc_size} + {mm_size} + TILE));")
+        alloc = f"{acc_size} + {mm_size} + {self.scratch_size} + TILE"
+        w(f"    T* const __restrict__ acc = (T*)aligned_alloc(64, sizeof(T) * ({alloc}));")
         w(f"    T* const __restrict__ accm = acc + {acc_size};")
+        if self.scratch:
+            w(f"    T* const __restrict__ scr = accm + {mm_size};")
         w("    #pragma omp for schedule(dynamic, 4)")
         w("    for (int64_t r = 0; r < rows; ++r) {")
         w("      const int64_t b = r / n, i = r - b * n;")
@@ -328,6 +347,8 @@ class _Writer:
             out.append(f"for (int64_t k = 0; k < {node.width}; ++k) r{z}[k] = {self._row_ref(node.args[0], f'k + {node.attr}')};")
         elif node.op == "expand":
             out.append(f"for (int64_t k = 0; k < {node.width}; ++k) r{z}[k] = {self._row_ref(node.args[0], '0')};")
+        elif node.op == "esym":  # (an esym_vjp reads the pair weight: never a row value)
+            out.extend(_recurrence_code(self.nodes, z, self._row_ref, f"r{z}", "1", "1", None))
         else:
             args = [self._row_ref(a, "k") for a in node.args]
             out.append(f"for (int64_t k = 0; k < {node.width}; ++k) r{z}[k] = {self._apply(node, args)};")
@@ -366,6 +387,9 @@ class _Writer:
                     offset += self.nodes[a].width
                 for a, off in parts:
                     items.append((lv, self.nodes[a].width, ("part", z, a, off)))
+            elif node.op in RECURRENCES:
+                lv = max(deps(a, None) for a in node.args)
+                items.append((lv, node.width, ("recurrence", z)))
             else:
                 lv = deps(z, z)
                 items.append((lv, node.width, ("mat", z)))
@@ -405,7 +429,14 @@ class _Writer:
         body: list[str] = []
         memo: dict[tuple[int, str], str] = {}
         k = "k" if width > 1 else "0"
+        # Recurrences are loops of their own; nothing else of their level reads them.
         pre: list[str] = []
+        for item in group:
+            if item[0] == "recurrence":
+                pre.extend(self._recurrence(item[1], mat))
+        group = [item for item in group if item[0] != "recurrence"]
+        if not group:
+            return pre
         for item in group:
             if item[0] == "sum":
                 pre.append('_Pragma("omp simd")')
@@ -461,6 +492,18 @@ class _Writer:
         memo[key] = var
         return var
 
+    def _recurrence(self, z: int, mat: set[int]) -> list[str]:
+        """The loops of a recurrence node over a tile: operands and result in tile arrays."""
+
+        def operand(a: int, idx: str) -> str:
+            scratch: list[str] = []
+            expr = self._pair(a, idx, mat, {}, scratch)
+            assert not scratch, "operands of a recurrence are tile arrays, row values or leaves"
+            return expr
+
+        scratch = f"scr + {self.scratch[z]}" if z in self.scratch else None
+        return _recurrence_code(self.nodes, z, operand, f"m{z}", "TILE", "(tn)", scratch)
+
     # ------------------------------------------------------------------ scalar code
     def _const(self, value: float) -> str:
         return f"(T)({value!r})"
@@ -472,7 +515,7 @@ class _Writer:
         a = args[0]
         if op == "neg":
             return f"(-{a})"
-        if op in ("exp", "log", "sin", "cos", "sqrt", "abs"):
+        if op in ("exp", "expm1", "log", "sin", "cos", "sqrt", "abs"):
             return f"{f[op]}({a})"
         if op == "rsqrt":
             return f"((T)1 / {f['sqrt']}({a}))"
@@ -496,3 +539,102 @@ def _reachable(nodes: tuple[Node, ...], roots: list[int]) -> list[int]:
             seen.add(a)
             stack.extend(nodes[a].args)
     return sorted(seen)
+
+
+def _scratch_rows(nodes: tuple[Node, ...], z: int) -> int:
+    """Rows of scratch an ``esym_vjp`` node keeps: R for the state (then the adjoint) and, for each
+    input j, the states of orders 1..min(j - 1, R) before it (order 0 is 1, higher ones still 0)."""
+    r_max, d = nodes[z].attr, nodes[nodes[z].args[0]].width
+    return r_max + sum(min(j - 1, r_max) for j in range(1, d + 1))
+
+
+def _recurrence_code(nodes, z, operand, out: str, stride: str, lanes: str, scratch: str | None) -> list[str]:
+    """C statements of recurrence node ``z`` for ``lanes`` lanes at once: ``operand(a, idx)`` is the
+    C expression of argument node ``a`` at feature index ``idx`` (a C expression) and lane ``t``;
+    row ``k`` of the result is ``out + k * stride``; ``scratch`` points to
+    :func:`_scratch_rows` rows of ``stride``.
+
+    ``esym`` is the summation recurrence of :func:`lazykern.formulas.keops_nodes._forward_code`
+    (after input j, state r holds e_r(z_1..z_j) / binom(j, r)), in the same order of operations,
+    computed in the result rows; ``esym_vjp`` is the reverse mode of the KeOps gradient node
+    (forward states kept, then the adjoint runs backwards over the inputs)."""
+    node = nodes[z]
+    r_max = node.attr
+    zarg = node.args[0]
+    d = nodes[zarg].width
+    simd = ['_Pragma("omp simd")', f"for (int64_t t = 0; t < {lanes}; ++t)"]
+
+    def forward(state: str) -> list[str]:
+        zj = operand(zarg, "ej - 1")
+        return [
+            "const T ew = (T)1 / (T)ej;",
+            f"for (int64_t er = ej < {r_max} ? ej : {r_max}; er >= 1; --er) {{",
+            "  const T ea = (T)(ej - er), eb = (T)er;",
+            f"  T* const es = {state} + (er - 1) * {stride};",
+            "  if (er == 1) {",
+            *("    " + x for x in simd),
+            f"      es[t] = (ea * es[t] + eb * {zj}) * ew;",
+            "  } else {",
+            f"    const T* const ep = es - {stride};",
+            *("    " + x for x in simd),
+            f"      es[t] = (ea * es[t] + eb * {zj} * ep[t]) * ew;",
+            "  }",
+            "}",
+        ]
+
+    lines = [f"{{ /* {node.op} node {z}: {r_max} orders of {d} inputs */"]
+    if node.op == "esym":
+        lines += [f"for (int64_t eq = 0; eq < {r_max} * {stride}; ++eq) {out}[eq] = 0;"]
+        lines += [f"for (int64_t ej = 1; ej <= {d}; ++ej) {{"] + ["  " + x for x in forward(out)] + ["}"]
+        return lines + ["}"]
+    garg = node.args[1]
+    zj = operand(zarg, "ej - 1")
+    lines += [
+        f"T* const eA = {scratch};",
+        f"T* const eH = eA + {r_max} * {stride};",
+        f"for (int64_t eq = 0; eq < {r_max} * {stride}; ++eq) eA[eq] = 0;",
+        "int64_t eo = 0;",
+        f"for (int64_t ej = 1; ej <= {d}; ++ej) {{",
+        f"  const int64_t ek = ej - 1 < {r_max} ? ej - 1 : {r_max};",
+        f"  memcpy(eH + eo * {stride}, eA, sizeof(T) * ek * {stride});",
+        "  eo += ek;",
+        *("  " + x for x in forward("eA")),
+        "}",
+        f"for (int64_t eq = 0; eq < {r_max}; ++eq) {{",
+        *("  " + x for x in simd),
+        f"    eA[eq * {stride} + t] = {operand(garg, 'eq')};",
+        "}",
+        f"for (int64_t ej = {d}; ej >= 1; --ej) {{",
+        f"  const int64_t etop = ej < {r_max} ? ej : {r_max}, ek = ej - 1 < {r_max} ? ej - 1 : {r_max};",
+        "  eo -= ek;",
+        f"  const T* const eh = eH + eo * {stride};",
+        "  const T ew = (T)1 / (T)ej;",
+        f"  T* const ey = {out} + (ej - 1) * {stride};",
+        *("  " + x for x in simd),
+        "    ey[t] = eA[t];",
+        "  for (int64_t er = 2; er <= etop; ++er) {",
+        "    const T eb = (T)er;",
+        f"    const T* const ead = eA + (er - 1) * {stride};",
+        f"    const T* const ep = eh + (er - 2) * {stride};",
+        *("    " + x for x in simd),
+        "      ey[t] += ead[t] * eb * ep[t];",
+        "  }",
+        *("  " + x for x in simd),
+        "    ey[t] *= ew;",
+        "  /* ascending: the adjoint of order er + 1 is still the later state's when order er reads it */",
+        "  for (int64_t er = 1; er <= etop; ++er) {",
+        f"    T* const ead = eA + (er - 1) * {stride};",
+        "    const T ea = (T)(ej - er) * ew;",
+        "    if (er < etop) {",
+        "      const T eb = (T)(er + 1);",
+        f"      const T* const en = ead + {stride};",
+        *("      " + x for x in simd),
+        f"        ead[t] = ea * ead[t] + eb * {zj} * en[t] * ew;",
+        "    } else {",
+        *("      " + x for x in simd),
+        "        ead[t] = ea * ead[t];",
+        "    }",
+        "  }",
+        "}",
+    ]
+    return lines + ["}"]

@@ -14,7 +14,7 @@ pieces).
 
 from __future__ import annotations
 
-from .trace import Graph
+from .trace import Graph, Unsupported
 
 __all__ = ["adjoints"]
 
@@ -73,6 +73,8 @@ def adjoints(graph: Graph, seeded: list[tuple[int, int]], wrt: list[int]) -> dic
             give(args[0], graph.unary("neg", g))
         elif op == "exp":
             give(args[0], b("mul", g, z))
+        elif op == "expm1":  # e^u = expm1(u) + 1: no second exponential per pair
+            give(args[0], b("mul", g, b("add", z, graph.const(1.0))))
         elif op == "log":
             give(args[0], b("div", g, args[0]))
         elif op == "sin":
@@ -90,6 +92,10 @@ def adjoints(graph: Graph, seeded: list[tuple[int, int]], wrt: list[int]) -> dic
         elif op == "pow":
             p = node.attr
             give(args[0], b("mul", b("mul", graph.const(p), g), graph.power(args[0], p - 1.0)))
+        elif op == "esym":
+            give(args[0], graph.elementary_symmetric_vjp(args[0], g, node.attr))
+        elif op == "esym_vjp":
+            raise Unsupported("second derivatives of elementary symmetric polynomials")
         elif op == "sum":
             give(args[0], g)
         elif op == "expand":

@@ -10,12 +10,20 @@ parameters are leaves, and only Python constants written in the formula (``0.5``
 :math:`\sqrt 3`, ...) become constant nodes.
 
 Operations recorded (what the formulas of :mod:`lazykern.formulas` and KeOps' elementwise syntax
-use): ``+ - * /``, unary ``-``, ``**`` with a constant exponent, ``exp``, ``log``, ``sin``,
-``cos``, ``sqrt``, ``rsqrt``, ``square``, ``abs``, ``relu``, ``sign``, ``step``,
+use): ``+ - * /``, unary ``-``, ``**`` with a constant exponent, ``exp``, ``expm1``, ``log``,
+``sin``, ``cos``, ``sqrt``, ``rsqrt``, ``square``, ``abs``, ``relu``, ``sign``, ``step``,
 ``.sum(-1)`` (the feature axis), ``|`` (dot product), ``sqnorm2``, ``norm2``, ``sqdist``,
-indexing and slicing of the feature axis (``x[k]``, ``x[a:b]``, ``x[..., a:b]``, ``elem``,
-``extract``) and ``concat``. Anything else raises :class:`Unsupported`, which
+``matvecmult``, indexing and slicing of the feature axis (``x[k]``, ``x[a:b]``, ``x[..., a:b]``,
+``elem``, ``extract``) and ``concat``. Anything else raises :class:`Unsupported`, which
 :func:`lazykern.cpu.supports` turns into ``False`` (the caller then uses KeOps).
+
+Two operations are recurrences over the feature axis, one node each, as KeOps' custom nodes of
+:mod:`lazykern.formulas.keops_nodes` are: ``elementary_symmetric(R)`` (the normalized elementary
+symmetric polynomials of :func:`lazykern.formulas.interactions.elementary_symmetric`, op
+``"esym"``) and its vector-Jacobian product (op ``"esym_vjp"``, created by differentiation).
+Unrolled into D R scalar nodes instead, the generated C of a gradient pass took a minute to compile
+at D = R = 26; as one node it is a loop. The formulas reach these and ``expm1`` (which
+``LazyTensor`` lacks) through :attr:`Sym.traced`.
 
 Example:
     >>> from lazykern.formulas import StationaryFormula
@@ -34,7 +42,7 @@ from typing import Any, Callable, Mapping
 
 __all__ = ["Graph", "Node", "Sym", "Unsupported", "trace"]
 
-UNARY = ("neg", "exp", "log", "sin", "cos", "sqrt", "rsqrt", "abs", "sign", "step", "relu")
+UNARY = ("neg", "exp", "expm1", "log", "sin", "cos", "sqrt", "rsqrt", "abs", "sign", "step", "relu")
 BINARY = ("add", "sub", "mul", "div")
 
 
@@ -104,8 +112,8 @@ class Graph:
                 return node.args[0]
             if c is not None:
                 return self.const(-c, w)
-        if c is not None and op in ("exp", "sqrt", "abs"):
-            return self.const({"exp": math.exp, "sqrt": math.sqrt, "abs": abs}[op](c), w)
+        if c is not None and op in ("exp", "expm1", "sqrt", "abs"):
+            return self.const({"exp": math.exp, "expm1": math.expm1, "sqrt": math.sqrt, "abs": abs}[op](c), w)
         return self._add(op, (a,), None, w)
 
     def binary(self, op: str, a: int, b: int) -> int:
@@ -235,6 +243,18 @@ class Graph:
             return merged[0]
         return self._add("concat", tuple(merged), None, sum(self.width(p) for p in merged))
 
+    # ------------------------------------------------------------------ recurrences
+    def elementary_symmetric(self, a: int, max_degree: int) -> int:
+        r"""Node ``"esym"``: :math:`\tilde e_1(a), \dots, \tilde e_R(a)`, ``R = max_degree`` wide."""
+        if not 1 <= max_degree <= self.width(a):
+            raise Unsupported(f"max_degree {max_degree} for {self.width(a)} inputs")
+        return self._add("esym", (a,), max_degree, max_degree)
+
+    def elementary_symmetric_vjp(self, a: int, g: int, max_degree: int) -> int:
+        r"""Node ``"esym_vjp"``: :math:`\big(\sum_r g_r\, \partial \tilde e_r(a) / \partial a_d\big)_d`,
+        as wide as ``a``."""
+        return self._add("esym_vjp", (a, self.expand(g, max_degree)), max_degree, self.width(a))
+
     # ------------------------------------------------------------------ queries
     def reachable(self, roots: list[int]) -> list[int]:
         """Nodes the ``roots`` depend on, in topological (creation) order."""
@@ -252,6 +272,10 @@ class Sym:
     """A placeholder standing for a KeOps ``LazyTensor`` while a formula is traced."""
 
     __array_priority__ = 1000  # numpy scalars defer to Sym's reflected operators
+
+    #: Marks a placeholder for the formulas (duck-typed: :mod:`lazykern.formulas` never imports the
+    #: engine), which then call its methods that a ``LazyTensor`` lacks or spells otherwise.
+    traced = True
 
     def __init__(self, graph: Graph, node: int) -> None:
         self.graph = graph
@@ -339,6 +363,10 @@ class Sym:
     def exp(self) -> "Sym":
         return self._un("exp")
 
+    def expm1(self) -> "Sym":
+        """:math:`e^x - 1`, accurate near 0 (C's ``expm1``; not a ``LazyTensor`` method)."""
+        return self._un("expm1")
+
     def log(self) -> "Sym":
         return self._un("log")
 
@@ -384,6 +412,21 @@ class Sym:
 
     def sqdist(self, o: "Sym") -> "Sym":
         return (self - o).sqnorm2()
+
+    def matvecmult(self, v: "Sym") -> "Sym":
+        """As ``LazyTensor.matvecmult``: ``self`` holds a row-major matrix of ``self.ndim // v.ndim``
+        rows, times the vector ``v``."""
+        if not isinstance(v, Sym):
+            raise Unsupported(f"matvecmult by {type(v).__name__}")
+        n = v.ndim
+        if self.ndim % n:
+            raise Unsupported(f"matvecmult of a width-{self.ndim} matrix by a width-{n} vector")
+        rows = [(self.extract(k * n, n) * v).sum(-1) for k in range(self.ndim // n)]
+        return self._wrap(self.graph.concat([r.node for r in rows]))
+
+    def elementary_symmetric(self, max_degree: int) -> "Sym":
+        """The R normalized elementary symmetric polynomials of the feature axis (one node)."""
+        return self._wrap(self.graph.elementary_symmetric(self.node, int(max_degree)))
 
     def elem(self, k: int) -> "Sym":
         return self.extract(k, 1)

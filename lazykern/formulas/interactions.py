@@ -73,6 +73,12 @@ def _is_lazy(t: Any) -> bool:
     return not isinstance(t, torch.Tensor)
 
 
+def _is_traced(t: Any) -> bool:
+    """A placeholder of lazykern's CPU engine (:class:`lazykern.cpu.trace.Sym`; duck-typed, the
+    formulas never import the engines)."""
+    return getattr(type(t), "traced", False)
+
+
 def elementary_symmetric(z: Any, max_degree: int) -> Any:
     r"""Normalized elementary symmetric polynomials :math:`\tilde e_1..\tilde e_R` of the last axis.
 
@@ -104,7 +110,8 @@ def elementary_symmetric(z: Any, max_degree: int) -> Any:
 
     On KeOps ``LazyTensor`` inputs the recurrence is one formula node
     (:mod:`lazykern.formulas.keops_nodes`), on torch tensors a loop over the last axis; both with
-    the same hand-written reverse mode (first derivatives only).
+    the same hand-written reverse mode (first derivatives only); lazykern's CPU engine
+    (:mod:`lazykern.cpu`) generates the KeOps node's loops, in the same order of operations.
 
     Args:
         z: ``(..., D)`` tensor or KeOps ``LazyTensor`` with D-vectors.
@@ -121,6 +128,8 @@ def elementary_symmetric(z: Any, max_degree: int) -> Any:
     d = z.shape[-1] if isinstance(z, torch.Tensor) else z.ndim
     if not 1 <= max_degree <= d:
         raise ValueError(f"max_degree must be between 1 and the number of dimensions {d}, got {max_degree}")
+    if _is_traced(z):
+        return z.elementary_symmetric(max_degree)
     if _is_lazy(z):
         from .keops_nodes import ELEMENTARY_SYMMETRIC, register
 
@@ -173,6 +182,8 @@ class _ElementarySymmetric(torch.autograd.Function):
 
 
 def _expm1(x: Any) -> Any:
+    if _is_traced(x):
+        return x.expm1()
     if _is_lazy(x):
         from .keops_nodes import EXPM1, register
 
