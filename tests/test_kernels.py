@@ -138,7 +138,9 @@ def test_batch_shape(engine):
     assert_close(kernel(x1, x1, diag=True), reference_of(kernel, x1, x1, diag=True))
 
 
-def test_auto_engine_dispatches_on_size(monkeypatch):
+def test_auto_engine_dispatches_on_device_formula_and_size(monkeypatch):
+    """CPU tensors: lazykern's CPU engine at any size; where it does not apply, KeOps from
+    ``keops_min_size`` points on both sides and the torch engine below."""
     from lazykern import backend
 
     calls = []
@@ -146,7 +148,10 @@ def test_auto_engine_dispatches_on_size(monkeypatch):
     kernel = make_kernel("rbf", "additive-ard")
     x_small, x_large = torch.randn(20, D, dtype=torch.float64), torch.randn(40, D, dtype=torch.float64)
     rhs = torch.randn(40, 1, dtype=torch.float64)
+    op = kernel(x_small, x_large).evaluate_kernel()
+    assert backend.engine_for(op.covar_func, op.x1, op.x2, op.tensor_params) == "cpu"
     with settings.keops_min_size(30), settings.max_dense_bytes(0):
+        monkeypatch.setattr(backend.cpu, "supports", lambda *a: False)  # as for CUDA tensors
         kernel(x_small, x_large) @ rhs
         assert calls == []
         kernel(x_large, x_large) @ rhs

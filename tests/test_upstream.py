@@ -146,10 +146,14 @@ def _rtol(family: str) -> float:
 
 @contextlib.contextmanager
 def _keops_must_run(mode: str, monkeypatch):
-    """Count lazykern's KeOps sessions; in the keops mode the check must have used KeOps."""
+    """Record the lazy engines that ran (``"keops"`` sessions, ``"cpu"`` engine passes); in the keops
+    mode the check must have used KeOps."""
     calls = []
     session = backend.keops_session
-    monkeypatch.setattr(backend, "keops_session", lambda: calls.append(1) or session())
+    monkeypatch.setattr(backend, "keops_session", lambda: calls.append("keops") or session())
+    for name in ("matmul", "symmetric_gradients"):
+        original = getattr(backend.cpu, name)
+        monkeypatch.setattr(backend.cpu, name, lambda *a, _f=original: calls.append("cpu") or _f(*a))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         with contextlib.ExitStack() as stack:
@@ -157,7 +161,7 @@ def _keops_must_run(mode: str, monkeypatch):
                 stack.enter_context(ctx)
             yield calls
     if mode == "keops":
-        assert calls, "the KeOps engine never ran"
+        assert "keops" in calls, "the KeOps engine never ran"
 
 
 KEOPS_CHECKS = [(f, s, a) for f in FAMILIES for s in ("alone", "additive") for a in (False, True)]
@@ -213,7 +217,7 @@ BATCH_CHECKS = [
 )
 def test_keops_checks_batch_and_broadcast_rhs(family, structure, ard, mode, monkeypatch):
     mine, theirs = _twins(family, structure, ard)
-    n = 600 if mode == "default" else 100  # default settings pick KeOps from 512 points
+    n = 600 if mode == "default" else 100  # sizes where default settings stay lazy on any engine
     x = torch.randn(2, 2, n, 3, dtype=F64)
     with _keops_must_run(mode, monkeypatch) as calls:
         # batch_matmul: a non-batch kernel on batched inputs
@@ -236,7 +240,7 @@ def test_keops_checks_batch_and_broadcast_rhs(family, structure, ard, mode, monk
         ):
             assert_close(g, e, rtol=_rtol(family))
     if mode == "default":
-        assert calls, "default settings did not pick KeOps at N = 600"
+        assert "cpu" in calls, "default settings did not pick lazykern's CPU engine for CPU tensors"
 
 
 # ------------------------------------------------------------------ linear_operator's operator suites
