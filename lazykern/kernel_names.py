@@ -39,7 +39,7 @@ COMPONENT_KERNELS: tuple[str, ...] = ("additive-rbf", "additive-matern52", *INTE
 component plot (:func:`lazykern.regression.plot_components`, ``--plot``) exist for these."""
 
 GPYTORCH_KERNELS: tuple[str, ...] = ("gpytorch-rbf-ard",)
-"""GPyTorch's own kernels among :data:`KERNELS`: nothing of lazykern's is compiled for them
+"""GPyTorch's own kernels among :data:`KERNELS`, for which nothing of lazykern's is compiled
 (``lazykern precompile`` skips them)."""
 
 OPTIMIZERS: tuple[str, ...] = ("auto", "lbfgs", "adam")
