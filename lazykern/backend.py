@@ -286,9 +286,6 @@ def pairwise_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str
     KeOps has no dense output, so its formulas are built by the torch engine's row blocks."""
     if engine_for(formula, x1, x2, params) == "cpu":
         dense = cpu.dense(formula, x1, x2, params)
-        if dense.requires_grad:
-            # Autograd forbids writing into a custom Function's output in place.
-            return dense.masked_fill(dense.abs() < torch.finfo(dense.dtype).tiny, 0.0)
         _flush_subnormals_(dense)
         return dense
     return _torch_rowwise(formula, x1, x2, params, None)
