@@ -59,10 +59,6 @@ class LazyKernelOperator(KernelLinearOperator):
     """
 
     def __init__(self, x1: Tensor, x2: Tensor, covar_func: Any, **kwargs: Any) -> None:
-        # linear_operator rebuilds operators (representation, autograd) with their keyword arguments
-        # sorted by name; sorting them here too gives one formula one parameter order on every path,
-        # hence one compiled program instead of one per order.
-        kwargs = dict(sorted(kwargs.items()))
         if x2 is x1:
             # KernelLinearOperator broadcasts x1 and x2 to the batch shape one by one (two copies);
             # broadcast once here instead, so that both sides stay views of one tensor.
