@@ -14,8 +14,10 @@ Three engines evaluate the same formula (:mod:`lazykern.formulas`):
   keeping them. Small problems, and formulas that multiply matrices (the NTK's, which BLAS does best).
 
 Parameters arrive with ``(*batch, 1, K)`` shapes (the ``KernelLinearOperator`` convention); this
-module inserts the pairwise axis. Formulas return a trailing axis of size 1 per pair (as KeOps does),
-which the torch engine drops.
+module inserts the pairwise axis, and hands them to the engines in name order: compiled programs are
+keyed by the order of their parameters, and callers build them in different orders (linear_operator
+sorts an operator's keyword arguments when it rebuilds it), which would compile one formula twice.
+Formulas return a trailing axis of size 1 per pair (as KeOps does), which the torch engine drops.
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ def engine_for(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Te
         return "cpu"
     threshold = settings.keops_min_size.value()
     return "keops" if n >= threshold and m >= threshold else "torch"
+
+
+def _in_name_order(params: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    return dict(sorted(params.items()))
 
 
 def _pairwise_params(params: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -128,6 +134,7 @@ def symmetric_gradients(
         ``x1 is x2``) and one per parameter; ``None`` instead when ``left``/``right`` do not end in
         the batch shape of ``x1`` (the caller then differentiates otherwise).
     """
+    params = _in_name_order(params)
     batch = x1.shape[:-2]
     shape = torch.broadcast_shapes(left.shape, right.shape)
     left, right = fold_columns(left.expand(shape), batch), fold_columns(right.expand(shape), batch)
@@ -264,6 +271,7 @@ def _broadcast_rhs(x1: Tensor, rhs: Tensor) -> Tensor:
 
 def pairwise_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
     """``K(x1, x2) @ rhs`` without storing K. ``x1``: (..., N, D), ``x2``: (..., M, D), ``rhs``: (..., M, C)."""
+    params = _in_name_order(params)
     vector = rhs.dim() == 1
     if vector:
         rhs = rhs.unsqueeze(-1)
@@ -284,6 +292,7 @@ def pairwise_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str
 
     On the CPU engine the whole matrix is one compiled pass (measured: as fast as one lazy pass);
     KeOps has no dense output, so its formulas are built by the torch engine's row blocks."""
+    params = _in_name_order(params)
     if engine_for(formula, x1, x2, params) == "cpu":
         dense = cpu.dense(formula, x1, x2, params)
         _flush_subnormals_(dense)

@@ -7,6 +7,7 @@ Usage::
     lazykern uci pol                                   # additive GP over all interaction orders on UCI pol
     lazykern uci kin40k --kernel oak --max-degree 3 --plot kin40k.png
     lazykern uci kin40k --kernel rbf-ard --json out.json
+    lazykern precompile --jobs 2                       # compile the kernels' reductions ahead of the first run
     lazykern --version
 
 The default kernel is :data:`~lazykern.kernel_names.DEFAULT_KERNEL` (``additive-ng``), trained by
@@ -16,27 +17,40 @@ The default kernel is :data:`~lazykern.kernel_names.DEFAULT_KERNEL` (``additive-
 share of variance per interaction order and the inputs with the largest shares (``--plot FILE``
 saves the component plot), with ``--compare`` next to lazykern's and GPyTorch's ARD RBF kernels
 trained on the same split. Progress bars, warnings and, with ``--verbose``, KeOps' own messages go to
-stderr. ``--help``, ``--version`` and mistakes in the command are answered before torch, GPyTorch or
-KeOps is imported; a mistake (unknown dataset, missing data folder, split out of range, bad option)
-prints one line on stderr saying what is wrong and how to fix it, and exits with status 2.
+stderr, as does a note when a kernel's reductions are compiled before training (the first time only:
+about a second each with lazykern's CPU engine, 5-40 s each with KeOps). ``lazykern precompile``
+compiles them ahead of time for the command's kernels, several at once with ``--jobs``. ``--help``,
+``--version`` and mistakes in the command are answered before torch, GPyTorch or KeOps is imported;
+a mistake (unknown dataset, missing data folder, split out of range, bad option) prints one line on
+stderr saying what is wrong and how to fix it, and exits with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import importlib.util
 import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator, NoReturn, Sequence, TextIO
 
 from . import __version__
-from .kernel_names import COMPARE_KERNELS, COMPONENT_KERNELS, DEFAULT_KERNEL, INTERACTION_KERNELS, KERNELS, OPTIMIZERS
+from .kernel_names import (
+    COMPARE_KERNELS,
+    COMPONENT_KERNELS,
+    DEFAULT_KERNEL,
+    GPYTORCH_KERNELS,
+    INTERACTION_KERNELS,
+    KERNELS,
+    OPTIMIZERS,
+)
 
-__all__ = ["main", "CPU_DEFAULT_N_TRAIN", "DEMO_CPU_N_TRAIN"]
+__all__ = ["main", "CPU_DEFAULT_N_TRAIN", "DEMO_CPU_N_TRAIN", "PRECOMPILE_DIMS"]
 
 CPU_DEFAULT_N_TRAIN = 2000
 """Training points ``lazykern uci`` uses on a CPU when ``--n-train`` is not given (a GPU uses them all)."""
@@ -58,6 +72,14 @@ DEFAULT_TOLERANCE = 1e-4
 # answers before lazykern.regression (torch, GPyTorch) is imported.
 
 PLOT_FORMATS = (".png", ".pdf", ".svg", ".eps", ".jpg", ".jpeg")
+
+PRECOMPILE_DIMS = (6, 26)
+"""Input dimensions ``lazykern precompile`` compiles for unless told (``--dims``, ``--dataset``):
+the demo's and pol's (the README's first commands)."""
+
+LAZYKERN_KERNELS = tuple(k for k in KERNELS if k not in GPYTORCH_KERNELS)
+
+COMPILE_TIMES = "about 1 s each with lazykern's CPU engine, 5-40 s each with KeOps on a GPU"
 
 USAGE_ERROR = 2
 
@@ -141,8 +163,9 @@ def _build_parser() -> argparse.ArgumentParser:
                          help=f"save the component plot of an additive kernel ({', '.join(COMPONENT_KERNELS)}): "
                          f"each input's component with its band, the order and input shares "
                          f"({', '.join(PLOT_FORMATS)})")
-        sub.add_argument("--quiet", action="store_true", help="no progress bars")
-        sub.add_argument("--verbose", action="store_true", help="show KeOps' own messages (on stderr)")
+        sub.add_argument("--quiet", action="store_true", help="no progress bars or compile notes")
+        sub.add_argument("--verbose", action="store_true",
+                         help="show KeOps' own messages, and kernels whose reductions were cached (on stderr)")
 
     uci = commands.add_parser("uci", help="train and evaluate on a UCI dataset",
                               description="Train an exact GP on one split of a UCI dataset and report test "
@@ -159,6 +182,30 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--d", type=_positive_int, default=6, help="input dimensions (default 6)")
     demo.add_argument("--n-test", type=_positive_int, default=500, help="test points (default 500)")
     common(demo, DEMO_CPU_N_TRAIN, str(DEMO_GPU_N_TRAIN))
+
+    pre = commands.add_parser("precompile", help="compile the kernels' reductions ahead of the first run",
+                              description="Compile the reductions that training and prediction with the "
+                              "command's kernels run, into the cache that later runs read (one line per "
+                              "kernel, dimension and dtype on stderr; a summary on stdout). Reductions depend "
+                              "on the kernel, the number of input dimensions and the dtype, never on the "
+                              f"number of points. Compiling takes {COMPILE_TIMES}.")
+    pre.add_argument("--kernel", choices=LAZYKERN_KERNELS, nargs="+", action="extend", default=None, metavar="K",
+                     help=f"kernels to compile (default: all of lazykern's: {', '.join(LAZYKERN_KERNELS)})")
+    pre.add_argument("--dims", type=_positive_int, nargs="+", action="extend", default=None, metavar="D",
+                     help="numbers of input dimensions (default: "
+                     f"{' and '.join(map(str, PRECOMPILE_DIMS))}, the demo's and pol's, unless --dataset is given)")
+    pre.add_argument("--dataset", nargs="+", action="extend", default=None, metavar="NAME",
+                     help="also compile for the input dimensions of these UCI datasets (read from their data, "
+                     "found as for 'lazykern uci')")
+    pre.add_argument("--data-dir", type=Path, default=None, help="folder with one sub-folder per dataset")
+    pre.add_argument("--dtype", choices=("float32", "float64"), nargs="+", action="extend", default=None,
+                     help="floating point precisions (default float32, as 'lazykern uci')")
+    pre.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                     help="where the kernels will run (default: cuda if available, else cpu)")
+    pre.add_argument("--jobs", type=_positive_int, default=1, metavar="J",
+                     help="compile up to J kernel configurations at once, in separate processes (default 1)")
+    pre.add_argument("--quiet", action="store_true", help="no progress lines")
+    pre.add_argument("--verbose", action="store_true", help="show KeOps' own messages (on stderr)")
     return parser
 
 
@@ -319,6 +366,26 @@ def _context(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _warm_up(kernel: str, max_degree: int | None, data, device, dtype, args: argparse.Namespace) -> None:
+    """Compile ``kernel``'s reductions before training, saying so on stderr when that takes a while."""
+    from .precompile import precompile
+    from .regression import make_kernel
+
+    def announce(folder: str) -> None:
+        print(f"compiling the {kernel} reductions for first use: {COMPILE_TIMES}; cached in {folder}",
+              file=sys.stderr, flush=True)
+
+    report = precompile(make_kernel(kernel, data.d, max_degree).to(device), dtype=dtype, dims=data.d,
+                        points=data.n_train, on_compile=None if args.quiet else announce)
+    if args.quiet:
+        return
+    if report.compiled:
+        print(f"compiled {report.compiled} {kernel} reductions in {report.seconds:.1f} s", file=sys.stderr, flush=True)
+    elif args.verbose:
+        print(f"{kernel}: reductions cached ({report.cached} loaded in {report.seconds:.1f} s)",
+              file=sys.stderr, flush=True)
+
+
 def _run(args: argparse.Namespace, out: TextIO) -> int:
     _check_options(args)  # before torch is imported: a mistake is answered at once
 
@@ -340,9 +407,12 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     for i, kernel in enumerate(kernels):
         if len(kernels) > 1 and not args.quiet:
             print(f"[{i + 1}/{len(kernels)}] {kernel}", file=sys.stderr, flush=True)
+        max_degree = args.max_degree if i == 0 else None
+        if kernel not in GPYTORCH_KERNELS:
+            _warm_up(kernel, max_degree, data, device, dtype, args)
         torch.manual_seed(args.seed)
         results.append(fit_evaluate(data.train_x, data.train_y, data.test_x, data.test_y, kernel=kernel,
-                                    max_degree=args.max_degree if i == 0 else None, iters=args.iters, lr=args.lr,
+                                    max_degree=max_degree, iters=args.iters, lr=args.lr,
                                     optimizer=args.optimizer, tolerance=args.tolerance, y_scale=data.y_std,
                                     max_cholesky_size=args.max_cholesky, progress=not args.quiet))
     # The training mean and variance are 0 and 1 in standardized units, by construction.
@@ -367,6 +437,96 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _dataset_dims(name: str, data_dir: Path | None, progress: bool) -> int:
+    """The number of inputs of a UCI dataset, from the first row of its data (inputs, then the target)."""
+    from .data import DownloadError, locate_uci
+
+    try:
+        folder = locate_uci(name, data_dir, progress=progress)
+        with gzip.open(folder / "data.csv.gz", "rt") as f:
+            columns = f.readline().count(",") + 1
+    except DownloadError as err:
+        raise _UsageError(f"--dataset {name}: {err}") from None
+    except (ValueError, TypeError, OSError) as err:
+        raise _UsageError(f"--dataset {name}: {err}") from None
+    if columns < 2:
+        raise _UsageError(f"--dataset {name}: {folder / 'data.csv.gz'} has one column; expected inputs and a target")
+    return columns - 1
+
+
+def _precompile_one(kernel: str, dims: int, dtype: str, device: str, verbose: bool) -> dict[str, Any]:
+    """One configuration of ``lazykern precompile`` (a function of plain values: it may run in a worker process)."""
+    with _library_output(verbose):  # in a worker process too: KeOps prints when it is imported
+        import torch
+
+        from .precompile import precompile
+        from .regression import make_kernel
+
+        report = precompile(make_kernel(kernel, dims).to(device), dtype=getattr(torch, dtype), dims=dims)
+    return report._asdict()
+
+
+def _precompile(args: argparse.Namespace, out: TextIO) -> int:
+    kernels = list(dict.fromkeys(args.kernel or LAZYKERN_KERNELS))
+    dtypes = list(dict.fromkeys(args.dtype or ["float32"]))
+    dims = list(args.dims or [])
+    for name in args.dataset or []:
+        dims.append(_dataset_dims(name, args.data_dir, progress=not args.quiet))
+    dims = list(dict.fromkeys(dims or PRECOMPILE_DIMS))
+    device = str(_device(args.device))
+    items = [(k, d, t) for k in kernels for d in dims for t in dtypes]
+    jobs = min(args.jobs, len(items))
+    if not args.quiet:
+        print(f"precompiling {len(items)} kernel configurations for {device}"
+              f"{f' in {jobs} processes' if jobs > 1 else ''}; a reduction not cached yet takes {COMPILE_TIMES}",
+              file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    compiled = cached = 0
+    failed: list[str] = []
+    folders: set[str] = set()
+
+    def done(n: int, item: tuple[str, int, str], result: dict[str, Any] | None, error: BaseException | None) -> None:
+        nonlocal compiled, cached
+        what = f"{item[0]} d={item[1]} {item[2]}"
+        if error is not None:
+            failed.append(what)
+            print(f"[{n}/{len(items)}] {what}: failed: {error}", file=sys.stderr, flush=True)
+            return
+        compiled += result["compiled"]
+        cached += result["cached"]
+        folders.add(result["folder"])
+        if not args.quiet:
+            print(f"[{n}/{len(items)}] {what}: {result['compiled']} compiled, {result['cached']} cached, "
+                  f"{result['seconds']:.1f} s", file=sys.stderr, flush=True)
+
+    if jobs == 1:
+        for n, item in enumerate(items, start=1):
+            try:
+                done(n, item, _precompile_one(*item, device, args.verbose), None)
+            except Exception as err:  # noqa: BLE001 - one configuration's failure is reported, the rest go on
+                done(n, item, None, err)
+    else:
+        import concurrent.futures
+        import multiprocessing
+
+        # Separate processes compile in parallel (g++ runs one core each); the cache's file locks keep
+        # two of them from compiling one program at once. "spawn": nothing of this process is copied.
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(_precompile_one, *item, device, args.verbose): item for item in items}
+            for n, future in enumerate(concurrent.futures.as_completed(futures), start=1):
+                error = future.exception()
+                done(n, futures[future], None if error else future.result(), error)
+    where = os.path.commonpath(sorted(folders)) if folders else "(nothing compiled)"
+    print(f"precompiled {len(items) - len(failed)} of {len(items)} kernel configurations "
+          f"({', '.join(kernels)}; d = {', '.join(map(str, dims))}; {', '.join(dtypes)}; {device}) "
+          f"in {time.perf_counter() - start:.1f} s: {compiled} programs compiled, {cached} found cached; "
+          f"cache folder {where}", file=out, flush=True)
+    if failed:
+        print(f"lazykern: error: precompiling failed for {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lazykern`` console script; returns the exit status.
 
@@ -379,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _build_parser().parse_args(argv)
         with _library_output(args.verbose):
-            return _run(args, out)
+            return (_precompile if args.command == "precompile" else _run)(args, out)
     except _UsageError as err:
         print(f"lazykern: error: {err}", file=sys.stderr)
         return USAGE_ERROR

@@ -77,6 +77,7 @@ __all__ = [
     "compile_flags",
     "keops_lazy_tensor",
     "keops_session",
+    "loaded_reductions",
     "padded_size",
 ]
 
@@ -260,6 +261,28 @@ def _install() -> None:
             for key in list(keops_binder):
                 keops_binder[key] = _LazykernLoader(keops_binder[key], lazykern_builds=key == "cpp")
         _installed = True
+
+
+def loaded_reductions() -> int:
+    """How many distinct KeOps reductions this process has loaded so far, each compiled or read
+    from a cache folder (lazykern's and any other code's; 0 before KeOps is first used).
+
+    Example:
+        >>> loaded_reductions() >= 0
+        True
+    """
+    if "pykeops.common.keops_io" not in sys.modules:  # KeOps never ran: nothing to import for it
+        return 0
+    from pykeops.common.keops_io import keops_binder
+
+    count = 0
+    for loader in keops_binder.values():
+        if isinstance(loader, _LazykernLoader):
+            count += len(loader._loaded)
+            loader = loader._keops_loader
+        # KeOps' loaders keep one entry per reduction they loaded (keopscore.utils.Cache).
+        count += len(getattr(loader, "library", ()))
+    return count
 
 
 class _LazykernLoader:

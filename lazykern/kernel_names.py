@@ -7,7 +7,10 @@ checks them before importing anything heavy (``lazykern --help`` answers at once
 
 from __future__ import annotations
 
-__all__ = ["KERNELS", "DEFAULT_KERNEL", "COMPARE_KERNELS", "INTERACTION_KERNELS", "COMPONENT_KERNELS", "OPTIMIZERS"]
+__all__ = [
+    "KERNELS", "DEFAULT_KERNEL", "COMPARE_KERNELS", "INTERACTION_KERNELS", "COMPONENT_KERNELS", "GPYTORCH_KERNELS",
+    "OPTIMIZERS",
+]
 
 KERNELS: tuple[str, ...] = (
     "additive-rbf",
@@ -32,8 +35,12 @@ INTERACTION_KERNELS: tuple[str, ...] = ("additive-ng", "oak")
 """The kernels with interaction orders 1..R, the ones that take a ``max_degree`` (``--max-degree``)."""
 
 COMPONENT_KERNELS: tuple[str, ...] = ("additive-rbf", "additive-matern52", *INTERACTION_KERNELS)
-"""The kernels made of additive components: a trained model's order and dimension shares and its
-component plot (:func:`lazykern.regression.plot_components`, ``--plot``) exist for these."""
+"""The kernels made of additive components, for which a trained model's order and dimension shares
+and its component plot (:func:`lazykern.regression.plot_components`, ``--plot``) exist."""
+
+GPYTORCH_KERNELS: tuple[str, ...] = ("gpytorch-rbf-ard",)
+"""GPyTorch's own kernels among :data:`KERNELS`, for which nothing of lazykern's is compiled
+(``lazykern precompile`` skips them)."""
 
 OPTIMIZERS: tuple[str, ...] = ("auto", "lbfgs", "adam")
 """Optimizers of :func:`lazykern.regression.train`; ``auto`` is L-BFGS on the exact (Cholesky) path,

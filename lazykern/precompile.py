@@ -2,20 +2,45 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Sequence
+import os
+import threading
+import time
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import torch
 from gpytorch.kernels import Kernel
 
-from . import settings
-from .keops import build_folder
+from . import keops, settings
+from .cpu import build
 from .validation import check_positive_int
 
-__all__ = ["precompile"]
+__all__ = ["precompile", "PrecompileReport"]
 
 # Inputs for the warm-up: the compiled formulas depend on dimensions and dtype, never on N.
 _WARMUP_POINTS = 64
+# How often the watcher behind ``on_compile`` looks for a compile that started.
+_WATCH_INTERVAL_S = 0.1
+
+
+class PrecompileReport(NamedTuple):
+    """What one :func:`precompile` call did.
+
+    Attributes:
+        folder: the cache folder holding the programs this call compiled or loaded: the common
+            parent of the CPU engine's folder, lazykern's KeOps build folder
+            (:func:`lazykern.keops.build_folder`) and, for a kernel on a GPU, KeOps' own build folder.
+        compiled: programs compiled by this call (both engines).
+        cached: programs this call loaded, compiled earlier (by any process) into the cache; programs
+            this process had loaded already count in neither.
+        seconds: wall time of the call.
+    """
+
+    folder: str
+    compiled: int
+    cached: int
+    seconds: float
 
 
 def _infer_dims(kernel: Kernel) -> int | None:
@@ -29,6 +54,64 @@ def _infer_dims(kernel: Kernel) -> int | None:
     return None
 
 
+def _keops_folders(device: torch.device) -> list[tuple[str, tuple[str, ...]]]:
+    """KeOps' build folders for ``device`` and the name prefixes of the programs compiled into them."""
+    folders = [(keops.build_folder(), ("pykeops_cpp_",))]
+    if device.type == "cuda":  # KeOps' GPU reductions go to its own folder, as cubin or PTX files
+        from keopscore.config import config
+
+        folders.append((config.get_build_folder(), ("cubin_", "ptx_")))
+    return folders
+
+
+def _entries(folder: str) -> set[str]:
+    try:
+        return set(os.listdir(folder))
+    except FileNotFoundError:
+        return set()
+
+
+def _keops_programs(folders: list[tuple[str, tuple[str, ...]]]) -> set[str]:
+    return {
+        os.path.join(folder, name)
+        for folder, prefixes in folders
+        for name in _entries(folder)
+        if name.startswith(prefixes) and not name.endswith((".cpp", ".cu"))
+    }
+
+
+@contextlib.contextmanager
+def _watch(folders: list[str], on_compile: Callable[[str], None] | None, folder: str) -> Iterator[None]:
+    """Calls ``on_compile(folder)`` once, from a helper thread, when an entry appears in one of
+    ``folders``: both engines write a program's source (and its lock) there before compiling it."""
+    if on_compile is None:
+        yield
+        return
+    before = {f: _entries(f) for f in folders}
+    stop = threading.Event()
+    called = threading.Event()
+
+    def compiling() -> bool:
+        return any(_entries(f) - names for f, names in before.items())
+
+    def poll() -> None:
+        while not stop.wait(_WATCH_INTERVAL_S):
+            if compiling():
+                called.set()
+                on_compile(folder)
+                return
+
+    watcher = threading.Thread(target=poll, name="lazykern-precompile-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
+    if not called.is_set() and compiling():  # a compile too quick for the watcher: still said, once
+        on_compile(folder)
+
+
 def precompile(
     kernel: Kernel,
     *,
@@ -36,7 +119,9 @@ def precompile(
     dims: int | None = None,
     columns: Sequence[int] = (1, 16),
     gradients: bool = True,
-) -> str:
+    points: int | None = None,
+    on_compile: Callable[[str], None] | None = None,
+) -> PrecompileReport:
     r"""Compile the reductions that training and prediction with ``kernel`` will run, on the engine
     they will run on (:func:`lazykern.backend.engine_for`: lazykern's CPU engine for CPU tensors it
     supports, KeOps otherwise and on GPUs; under ``lazykern.settings.engine("keops")``, KeOps).
@@ -46,9 +131,10 @@ def precompile(
     with up to 15 probe vectors and ``1`` covers prediction), and, with ``gradients``, the
     reductions of :math:`\partial (U^\top K V) / \partial \theta` for every hyperparameter
     :math:`\theta` of ``kernel`` that requires grad (what one marginal-likelihood backward pass
-    compiles), and the dense build of :math:`K(X, X)` (what GPyTorch's Cholesky path asks for).
+    compiles), and the dense build of :math:`K(X, X)` with, under ``gradients``, its backward
+    pass (what GPyTorch's Cholesky path asks for).
     Formulas depend on ``dtype``, the input dimension and the batch shape, never on the number of
-    points, so this runs on a few random points and takes only compile time (KeOps: 5-30 s per
+    points, so this runs on a few random points and takes only compile time (KeOps: 5-40 s per
     formula the first time; the CPU engine: about a second; well under a second once cached). Safe to call from
     several processes at once (compiles are serialized by a file lock). The kernel's parameters
     and their ``.grad`` are left unchanged.
@@ -60,16 +146,25 @@ def precompile(
             ``ard_num_dims`` when omitted.
         columns: right-hand-side counts to compile for.
         gradients: also compile the hyperparameter-gradient reductions.
+        points: the number of training points the kernel will see. Default: as many as it takes for
+            KeOps to run formulas the CPU engine does not (:class:`lazykern.settings.keops_min_size`);
+            below that threshold those formulas run on the torch engine and nothing is compiled for them.
+        on_compile: called once with the report's ``folder``, from a helper thread, as soon as the
+            first compile of this call starts (e.g. to tell a user why they wait); not called when
+            everything is cached.
 
     Returns:
-        The build folder the formulas were compiled into (see :func:`lazykern.keops.build_folder`).
+        A :class:`PrecompileReport`: the cache folder, the programs compiled and found cached, the seconds taken.
 
     Example:
         >>> import gpytorch, lazykern
         >>> base = lazykern.RBFKernel(ard_num_dims=26)
         >>> kernel = gpytorch.kernels.ScaleKernel(lazykern.AdditiveStructureKernel(base, num_dims=26))
-        >>> folder = lazykern.precompile(kernel, dtype=torch.float32)  # doctest: +SKIP
+        >>> report = lazykern.precompile(kernel, dtype=torch.float32)  # doctest: +SKIP
+        >>> report.compiled, report.cached  # doctest: +SKIP
+        (5, 0)
     """
+    start = time.perf_counter()
     if not isinstance(kernel, Kernel):
         raise TypeError(f"kernel must be a gpytorch.kernels.Kernel, got {type(kernel).__name__}")
     if dtype not in (torch.float32, torch.float64):
@@ -82,19 +177,39 @@ def precompile(
     columns = tuple(columns)
     if not columns or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in columns):
         raise ValueError(f"columns must be a non-empty sequence of positive ints, got {columns!r}")
+    if points is not None:
+        check_positive_int("points", points)
+    if on_compile is not None and not callable(on_compile):
+        raise TypeError(f"on_compile must be callable or None, got {type(on_compile).__name__}")
 
     # A copy, so that converting to ``dtype`` neither rounds nor moves the caller's parameters.
     kernel = copy.deepcopy(kernel).to(dtype)
     device = next((p.device for p in kernel.parameters()), torch.device("cpu"))
+    keops_folders = _keops_folders(device)
+    cpu_folder = os.path.join(keops.build_folder(build.engine_flags()), "cpu-engine")
+    watched = [cpu_folder] + [folder for folder, _ in keops_folders]
+    folder = os.path.commonpath(watched)
+    keops_before = _keops_programs(keops_folders)
+    compiles_before = len(build.compile_log)
+    loaded_before = len(build._loaded) + keops.loaded_reductions()  # build._loaded: one entry per program
+
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(*kernel.batch_shape, _WARMUP_POINTS, dims, generator=generator, dtype=dtype).to(device)
     params = [p for p in kernel.parameters() if p.requires_grad]
-    # A few points stand for many: the size threshold of the lazy engines is lifted.
-    with settings.keops_min_size(0), settings.max_dense_bytes(0), torch.set_grad_enabled(gradients and bool(params)):
+    # A few points stand for many: the size threshold of KeOps is lifted unless the real problem is below it.
+    lift = points is None or points >= settings.keops_min_size.value()
+    sizes = settings.keops_min_size(0) if lift else contextlib.nullcontext()
+    with _watch(watched, on_compile, folder), sizes, settings.max_dense_bytes(0), \
+            torch.set_grad_enabled(gradients and bool(params)):
         for c in sorted(set(columns)):
             rhs = torch.randn(*x.shape[:-1], c, generator=generator, dtype=dtype).to(device)
             out = kernel(x, x) @ rhs
             if out.requires_grad:
                 torch.autograd.grad(out.sum(), params, allow_unused=True)
-        kernel(x, x).to_dense()
-    return build_folder()
+        dense = kernel(x, x).to_dense()
+        if dense.requires_grad:
+            torch.autograd.grad(dense.sum(), params, allow_unused=True)
+
+    compiled = len(build.compile_log) - compiles_before + len(_keops_programs(keops_folders) - keops_before)
+    loaded = len(build._loaded) + keops.loaded_reductions() - loaded_before
+    return PrecompileReport(folder, compiled, max(loaded - compiled, 0), time.perf_counter() - start)

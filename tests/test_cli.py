@@ -130,6 +130,8 @@ def imported_modules(proc: subprocess.CompletedProcess) -> set[str]:
         (["uci", "pol", "--kernel", "nosuchkernel"], 2, "stderr", "invalid choice: 'nosuchkernel'"),
         (["demo", "--kernel", "rbf-ard", "--max-degree", "2"], 2, "stderr", "--max-degree applies to"),
         (["demo", "--kernel", "rbf-ard", "--plot", "c.png"], 2, "stderr", "--plot needs a kernel with additive"),
+        (["precompile", "--help"], 0, "stdout", "--jobs"),
+        (["precompile", "--jobs", "0"], 2, "stderr", "argument --jobs: expected an integer >= 1"),
         ([], 2, "stderr", "the following arguments are required: COMMAND"),
     ],
 )
@@ -171,6 +173,10 @@ def test_version_is_the_package_version(capsys):
          "/nonexistent/folder does not exist"),
         (["uci", "pol", "--plot", "components.txt"], "unknown image format '.txt'; use one of .png, .pdf"),
         (["uci"], "the following arguments are required: dataset"),
+        (["precompile", "--kernel", "gpytorch-rbf-ard"], "argument --kernel: invalid choice: 'gpytorch-rbf-ard'"),
+        (["precompile", "--dims", "0"], "argument --dims: expected an integer >= 1, got '0'"),
+        (["precompile", "--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
+        (["precompile", "--dataset", "nosuchdata"], "--dataset nosuchdata: unknown UCI dataset 'nosuchdata'"),
         ([], "the following arguments are required: COMMAND"),
         (["fly"], "invalid choice: 'fly'"),
     ],
@@ -302,3 +308,74 @@ def test_optimizer_flags_reach_the_recipe_and_the_report(flags, used, training, 
     assert training in captured.err
     # A kernel without components: no shares in the record or the report.
     assert record["order_shares"] is None and record["analysis_kind"] is None and "order shares" not in captured.err
+
+
+PRECOMPILE_LINE = r"\[(\d)/(\d)\] {} d=3 float64: (\d+) compiled, (\d+) cached, [\d.]+ s"
+
+
+def precompile_counts(stderr: str, kernel: str) -> tuple[int, int]:
+    """(compiled, cached) from ``lazykern precompile``'s progress line of ``kernel``."""
+    found = re.search(PRECOMPILE_LINE.format(re.escape(kernel)), stderr)
+    assert found, stderr[-2000:]
+    return int(found.group(3)), int(found.group(4))
+
+
+def test_precompile_compiles_once_then_reads_the_cache(tmp_path):
+    from lazykern.keops import CACHE_ENV
+
+    env = {CACHE_ENV: str(tmp_path)}
+    command = ["precompile", "--kernel", "additive-rbf", "--dims", "3", "--dtype", "float64"]
+    first = run_cli(command, env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    compiled, cached = precompile_counts(first.stderr, "additive-rbf")
+    assert compiled > 0 and cached == 0
+    summary = first.stdout.strip()
+    assert summary.count("\n") == 0 and f"{compiled} programs compiled, 0 found cached" in summary
+    assert re.search(rf"cache folder {re.escape(str(tmp_path))}\S*$", summary), summary
+    assert "[KeOps]" not in first.stdout + first.stderr
+
+    second = run_cli(command, env)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert precompile_counts(second.stderr, "additive-rbf") == (0, compiled)
+
+    # Two configurations in two processes: one cached, one new; --quiet keeps the summary only.
+    both = run_cli([*command, "--kernel", "rbf-ard", "--jobs", "2"], env)
+    assert both.returncode == 0, both.stderr[-2000:]
+    assert precompile_counts(both.stderr, "additive-rbf") == (0, compiled)
+    assert precompile_counts(both.stderr, "rbf-ard")[0] > 0
+    assert "2 of 2 kernel configurations (additive-rbf, rbf-ard; d = 3; float64; cpu)" in both.stdout
+    quiet = run_cli([*command, "--kernel", "rbf-ard", "--jobs", "2", "--quiet"], env)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr[-2000:]
+    assert "0 programs compiled" in quiet.stdout
+
+
+def test_first_run_says_it_compiles_then_stays_quiet(tmp_path):
+    from lazykern.keops import CACHE_ENV
+
+    env = {CACHE_ENV: str(tmp_path)}
+    command = ["demo", "--kernel", "additive-rbf", "--d", "3", "--dtype", "float64", "--n-train", "50",
+               "--n-test", "10", "--iters", "2"]
+    first = run_cli(command, env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    note = re.search(r"compiling the additive-rbf reductions for first use: (.*); cached in (\S+)\n", first.stderr)
+    assert note and "about 1 s each with lazykern's CPU engine" in note.group(1), first.stderr[-2000:]
+    assert note.group(2).startswith(str(tmp_path))
+    done = re.search(r"compiled (\d+) additive-rbf reductions in [\d.]+ s", first.stderr)
+    assert done and int(done.group(1)) > 0
+    assert first.stderr.index(note.group(0)) < first.stderr.index(done.group(0))
+    assert "compil" not in first.stdout and "test RMSE" in first.stdout  # the report alone
+
+    again = run_cli([*command, "--verbose"], env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "compiling" not in again.stderr and "additive-rbf: reductions cached" in again.stderr
+    quiet = run_cli([*command, "--quiet"], env)
+    assert quiet.returncode == 0 and "reductions" not in quiet.stderr
+
+
+def test_precompile_reads_a_datasets_dimensions(uci_fixture):
+    from lazykern.cli import _dataset_dims, _UsageError
+
+    assert _dataset_dims("yacht", uci_fixture.root, progress=False) == 6
+    assert _dataset_dims("pol", uci_fixture.root, progress=False) == 26
+    with pytest.raises(_UsageError, match="--dataset elevators: .* lacks data.csv.gz"):
+        _dataset_dims("elevators", uci_fixture.root, progress=False)

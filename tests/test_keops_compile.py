@@ -125,11 +125,15 @@ def test_precompile_rejects_bad_arguments():
         precompile(lazykern.RBFKernel())
     with pytest.raises(ValueError, match="columns"):
         precompile(kernel, columns=(0,))
+    with pytest.raises(ValueError, match="points"):
+        precompile(kernel, points=0)
+    with pytest.raises(TypeError, match="on_compile must be callable"):
+        precompile(kernel, on_compile="print")
 
 
 CHILD = textwrap.dedent(
     """
-    import json, os, sys, torch, lazykern
+    import json, os, sys, torch, lazykern, lazykern.keops
     from lazykern.precompile import precompile
 
     def modules(folder):
@@ -138,7 +142,8 @@ CHILD = textwrap.dedent(
     kernel = lazykern.AdditiveStructureKernel(lazykern.RBFKernel(ard_num_dims=2), num_dims=2).double()
     kernel.base_kernel.lengthscale = torch.tensor([[0.7, 1.3]], dtype=torch.float64)
     with lazykern.settings.engine("keops"):  # precompile compiles for the engine in force
-        folder = precompile(kernel, dtype=torch.float64, columns=(1,))
+        report = precompile(kernel, dtype=torch.float64, columns=(1,))
+    folder = lazykern.keops.build_folder()
     compiled = modules(folder)
 
     x = torch.linspace(-2, 2, 40, dtype=torch.float64).reshape(20, 2)
@@ -146,7 +151,8 @@ CHILD = textwrap.dedent(
     with lazykern.settings.engine("keops"), lazykern.settings.max_dense_bytes(0):
         out = kernel(x, x) @ v
         (grad,) = torch.autograd.grad(out.sum(), [kernel.base_kernel.raw_lengthscale])
-    print("RESULT", json.dumps({"folder": folder, "after_precompile": compiled, "after_run": modules(folder),
+    print("RESULT", json.dumps({"folder": folder, "report": report._asdict(), "after_precompile": compiled,
+                                "after_run": modules(folder),
                                 "out": out.squeeze(-1).tolist(), "grad": grad.reshape(-1).tolist()}))
     """
 )
@@ -179,6 +185,46 @@ def test_two_processes_compile_concurrently_into_an_empty_cache(tmp_path):
         # forward + the fused gradient of K(X, X) (both sides and every hyperparameter in one
         # reduction): compiled by precompile, in lazykern's folder, and nothing more needed afterwards.
         assert len(result["after_precompile"]) == 2
+        # Each process loaded both, compiled by itself or found in the cache; the report's folder holds them.
+        assert result["report"]["compiled"] + result["report"]["cached"] == 2
+        assert result["folder"].startswith(result["report"]["folder"])
         assert result["after_run"] == result["after_precompile"]
         assert _rel(torch.tensor(result["out"], dtype=torch.float64), ref.squeeze(-1)) < 1e-12
         assert _rel(torch.tensor(result["grad"], dtype=torch.float64), ref_grad) < 1e-10
+
+
+TRAIN_AFTER_PRECOMPILE = textwrap.dedent(
+    """
+    import json, torch
+    from lazykern.cpu import build
+    from lazykern.precompile import precompile
+    from lazykern.regression import fit_evaluate, make_kernel
+
+    calls = []
+    report = precompile(make_kernel("additive-rbf", 3), dtype=torch.float64, on_compile=calls.append)
+    again = precompile(make_kernel("additive-rbf", 3), dtype=torch.float64, on_compile=calls.append)
+    after = len(build.compile_log)
+    x = torch.rand(60, 3, dtype=torch.float64)
+    y = torch.sin(4 * x).sum(-1)
+    for cholesky in (100, 0):  # the exact path (dense build) and CG (lazy products)
+        fit_evaluate(x[:40], y[:40], x[40:], y[40:], kernel="additive-rbf", iters=2, analyze=False,
+                     max_cholesky_size=cholesky, progress=False)
+    print("RESULT", json.dumps({"report": report._asdict(), "again": again._asdict(), "calls": calls,
+                                "training_compiles": build.compile_log[after:]}))
+    """
+)
+
+
+def test_precompile_covers_training_on_the_cpu_engine(tmp_path):
+    env = dict(os.environ, **{lk.CACHE_ENV: str(tmp_path)})
+    proc = subprocess.run([sys.executable, "-c", TRAIN_AFTER_PRECOMPILE], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[7:])
+    report = result["report"]
+    # Products, the fused gradient, the dense build and its backward: compiled once, announced once.
+    assert report["compiled"] >= 4 and report["cached"] == 0 and report["folder"].startswith(str(tmp_path))
+    assert result["calls"] == [report["folder"]]
+    # The same process again: everything is loaded already, nothing compiled, nothing announced.
+    assert (result["again"]["compiled"], result["again"]["cached"]) == (0, 0)
+    assert result["training_compiles"] == [], "training compiled what precompile left out"
