@@ -34,8 +34,12 @@ __all__ = ["BASE_FLAGS", "compiler", "engine_flags", "load", "compile_log"]
 
 #: Flags of every reduction, before :func:`lazykern.keops.compile_flags`. ``-O2``: the loops that
 #: matter are ``omp simd`` loops, vectorized at ``-O2`` too; ``-O3`` measured no faster (additive RBF,
-#: d = 26, products and fused gradients) and took twice as long to compile.
-BASE_FLAGS = "-x c -std=gnu11 -O2 -fopenmp -fPIC -shared"
+#: d = 26, products and fused gradients) and took twice as long to compile. ``-ffp-contract=off``:
+#: GCC's GNU C default fuses ``a * b - c`` into one FMA, which rounds differently from the torch
+#: engine and KeOps; where a formula cancels (OAK's terms at a collapsed lengthscale, products of
+#: 1e9 minus 1e9), the fused result differed by 128 and overflowed an ``expm1`` that the other
+#: engines kept finite.
+BASE_FLAGS = "-x c -std=gnu11 -O2 -ffp-contract=off -fopenmp -fPIC -shared"
 
 _LOCK_TIMEOUT_S = 1800
 _loaded: dict[Reduction, ctypes._CFuncPtr] = {}
