@@ -35,6 +35,17 @@ def parser(doc: str) -> argparse.ArgumentParser:
     return p
 
 
+def training_parser(doc: str) -> argparse.ArgumentParser:
+    """:func:`parser` plus the options of the examples that train an exact GP on one dataset:
+    the dataset, ``--n-train`` and ``--iters`` (the recipe of :func:`lazykern.regression.train`)."""
+    p = parser(doc)
+    p.add_argument("dataset", nargs="?", default="pol", help="UCI dataset name, or 'synthetic' (default pol)")
+    p.add_argument("--n-train", type=int, default=2000, help="training points (default 2000)")
+    p.add_argument("--iters", type=int, default=200,
+                   help="most training iterations (L-BFGS on the exact path, Adam on CG; default 200)")
+    return p
+
+
 def load(name: str, *, n_train: int, dtype, split: int = 0, data_dir: Path | None = None):
     """The UCI dataset ``name`` (split, subset of ``n_train`` training points), or, for
     ``name == "synthetic"``, :func:`lazykern.data.synthetic_additive` (6 inputs, no files needed).

@@ -34,15 +34,10 @@ import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 import lazykern  # noqa: E402
-from _common import load, output, parser  # noqa: E402
+from _common import load, output, training_parser  # noqa: E402
 from lazykern.regression import build_model, gaussian_metrics, predict, train  # noqa: E402
 
-args_parser = parser(__doc__)
-args_parser.add_argument("dataset", nargs="?", default="pol", help="UCI dataset name, or 'synthetic' (default pol)")
-args_parser.add_argument("--n-train", type=int, default=2000, help="training points (default 2000)")
-args_parser.add_argument("--iters", type=int, default=200,
-                         help="most training iterations (L-BFGS on the exact path, Adam on CG; default 200)")
-args = args_parser.parse_args()
+args = training_parser(__doc__).parse_args()
 
 data = load(args.dataset, n_train=args.n_train, dtype=torch.float64, data_dir=args.data_dir)
 model, likelihood = build_model(data.train_x, data.train_y, "additive-rbf")

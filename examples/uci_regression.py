@@ -16,15 +16,10 @@ import numpy as np
 import torch
 
 import lazykern
-from _common import load, output, parser
+from _common import load, output, training_parser
 from lazykern.regression import ExactGPRegressor, gaussian_metrics, predict, train
 
-args_parser = parser(__doc__)
-args_parser.add_argument("dataset", nargs="?", default="pol", help="UCI dataset name, or 'synthetic' (default pol)")
-args_parser.add_argument("--n-train", type=int, default=2000, help="training points (default 2000)")
-args_parser.add_argument("--iters", type=int, default=200,
-                         help="most training iterations (L-BFGS on the exact path, Adam on CG; default 200)")
-args = args_parser.parse_args()
+args = training_parser(__doc__).parse_args()
 
 # Standardized with training statistics: the mean predictor has RMSE 1 (up to sampling).
 data = load(args.dataset, n_train=args.n_train, dtype=torch.float32, data_dir=args.data_dir)
