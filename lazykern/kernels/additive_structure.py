@@ -12,7 +12,31 @@ from ..validation import check_kernel_inputs, check_positive_int
 from .stationary import LazyKernelMixin, check_no_last_dim_is_batch, formula_for, formula_inputs
 
 
-class AdditiveStructureKernel(LazyKernelMixin, Kernel):
+class _ComponentScales:
+    """``component_scales``: learned positive weights per term when the kernel was built with
+    ``component_scales=True`` (``raw_component_scales``), else fixed unit weights of the width
+    ``_unit_scales_width()`` in the base kernel's dtype and device."""
+
+    def _unit_scales_width(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def component_scales(self) -> Tensor:
+        """The per-term weights, shape ``(*batch_shape, 1, terms)``."""
+        if not hasattr(self, "raw_component_scales"):
+            ref = self.base_kernel.raw_lengthscale
+            return torch.ones(*self.batch_shape, 1, self._unit_scales_width(), dtype=ref.dtype, device=ref.device)
+        return self.raw_component_scales_constraint.transform(self.raw_component_scales)
+
+    @component_scales.setter
+    def component_scales(self, value: Tensor | float) -> None:
+        if not hasattr(self, "raw_component_scales"):
+            raise AttributeError("component_scales is fixed to 1: construct with component_scales=True")
+        value = torch.as_tensor(value).to(self.raw_component_scales)
+        self.initialize(raw_component_scales=self.raw_component_scales_constraint.inverse_transform(value))
+
+
+class AdditiveStructureKernel(_ComponentScales, LazyKernelMixin, Kernel):
     r"""A sum of one-dimensional kernels, one per input dimension, as **one** lazy formula.
 
     .. math::
@@ -102,22 +126,9 @@ class AdditiveStructureKernel(LazyKernelMixin, Kernel):
         # GPyTorch's indexing and expand_batch set it; the base kernel already carries it.
         self._batch_shape = torch.Size(value)
 
-    @property
-    def component_scales(self) -> Tensor:
-        """The per-dimension weights :math:`s_d`, shape ``(*batch_shape, 1, num_dims)`` (``num_dims``
-        1 for fixed unit weights when ``num_dims`` is ``None``: they broadcast over any D)."""
-        if not hasattr(self, "raw_component_scales"):
-            dtype = self.base_kernel.raw_lengthscale.dtype
-            device = self.base_kernel.raw_lengthscale.device
-            return torch.ones(*self.batch_shape, 1, self.num_dims or 1, dtype=dtype, device=device)
-        return self.raw_component_scales_constraint.transform(self.raw_component_scales)
-
-    @component_scales.setter
-    def component_scales(self, value: Tensor | float) -> None:
-        if not hasattr(self, "raw_component_scales"):
-            raise AttributeError("component_scales is fixed to 1: construct with component_scales=True")
-        value = torch.as_tensor(value).to(self.raw_component_scales)
-        self.initialize(raw_component_scales=self.raw_component_scales_constraint.inverse_transform(value))
+    def _unit_scales_width(self) -> int:
+        # The per-dimension weights s_d; without num_dims one unit weight broadcasts over any D.
+        return self.num_dims or 1
 
     def forward(
         self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params

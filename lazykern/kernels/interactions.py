@@ -19,7 +19,7 @@ from ..formulas.interactions import (
 from ..formulas.stationary import StationaryFormula
 from ..operators import LazyKernelOperator
 from ..validation import check_kernel_inputs, check_positive_int
-from .additive_structure import AdditiveStructureKernel
+from .additive_structure import AdditiveStructureKernel, _ComponentScales
 from .base_kernels import RBFKernel
 from .stationary import check_no_last_dim_is_batch, formula_for, formula_inputs
 
@@ -255,7 +255,7 @@ class OrthogonalAdditiveKernel(NewtonGirardAdditiveKernel):
         return x1_, x1_ if x2 is x1 else features(x2), {}
 
 
-class GroupAdditiveKernel(Kernel):
+class GroupAdditiveKernel(_ComponentScales, Kernel):
     r"""A sum of one multi-dimensional base kernel over given groups of dimensions, lazily.
 
     .. math::
@@ -342,20 +342,9 @@ class GroupAdditiveKernel(Kernel):
             checked.append(tuple(group))
         return tuple(checked)
 
-    @property
-    def component_scales(self) -> Tensor:
-        """The per-group weights :math:`s_g`, shape ``(*batch_shape, 1, len(groups))``."""
-        if not hasattr(self, "raw_component_scales"):
-            ref = self.base_kernel.raw_lengthscale
-            return torch.ones(*self.batch_shape, 1, len(self.groups), dtype=ref.dtype, device=ref.device)
-        return self.raw_component_scales_constraint.transform(self.raw_component_scales)
-
-    @component_scales.setter
-    def component_scales(self, value: Tensor | float) -> None:
-        if not hasattr(self, "raw_component_scales"):
-            raise AttributeError("component_scales is fixed to 1: construct with component_scales=True")
-        value = torch.as_tensor(value).to(self.raw_component_scales)
-        self.initialize(raw_component_scales=self.raw_component_scales_constraint.inverse_transform(value))
+    def _unit_scales_width(self) -> int:
+        # The per-group weights s_g.
+        return len(self.groups)
 
     def forward(
         self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params
