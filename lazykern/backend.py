@@ -286,6 +286,15 @@ def pairwise_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[st
     return out.squeeze(-1) if vector else out
 
 
+def dense_matmul(dense: Tensor, rhs: Tensor) -> Tensor:
+    """``dense @ rhs`` for a stored kernel matrix: the CPU engine's few-column product
+    (:mod:`lazykern.cpu.dense_matmul`) where it applies and the engine setting allows the CPU
+    engine (``"auto"`` or ``"cpu"``), else torch's ``matmul``."""
+    if settings.engine.value() in ("auto", "cpu") and cpu.supports_dense_matmul(dense, rhs):
+        return cpu.dense_matmul(dense, rhs)
+    return dense @ rhs
+
+
 def pairwise_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
     """The (..., N, M) kernel matrix, built in row blocks so N x M x D never exists. Entries below
     the normal floating-point range are written as zeros (they would slow LAPACK down tenfold).
@@ -294,9 +303,7 @@ def pairwise_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str
     KeOps has no dense output, so its formulas are built by the torch engine's row blocks."""
     params = _in_name_order(params)
     if engine_for(formula, x1, x2, params) == "cpu":
-        dense = cpu.dense(formula, x1, x2, params)
-        _flush_subnormals_(dense)
-        return dense
+        return cpu.dense(formula, x1, x2, params)  # subnormals flushed in the compiled pass
     return _torch_rowwise(formula, x1, x2, params, None)
 
 

@@ -502,6 +502,29 @@ def test_interaction_dense_values_and_gradients(case):
         assert_close(g, e)
 
 
+@pytest.mark.parametrize("case", ["newton-girard-all", "orthogonal-all"])
+def test_dense_of_one_input_backward_in_one_pass(case, monkeypatch):
+    """K(x, x) from one tensor (as the kernels pass it): the gradient reaching x through both sides
+    comes from one pass weighted by G and G^T, for an even formula and one that is not (OAK's);
+    G not symmetric, so a pass that used G for both sides would show."""
+    from lazykern.cpu import reductions
+
+    jobs = []
+    grad_pass = reductions._grad_pass
+    monkeypatch.setattr(reductions, "_grad_pass", lambda f, job, *a: jobs.append(job) or grad_pass(f, job, *a))
+    hp = interaction_hyperparameters()
+    x = torch.randn(N, D, dtype=DT, requires_grad=True)
+    weights = torch.randn(N, N, dtype=DT)
+    tensors = [x, *interaction_leaves(case, hp)]
+    formula, a, _, params = interaction_args(case, x, x, hp)
+    K = cpu.dense(formula, a, a, params)
+    expected = interaction_reference(case, x, x, hp)
+    assert_close(K, expected)
+    for g, e in zip(grads(K, weights, tensors), grads(expected, weights, tensors)):
+        assert_close(g, e)
+    assert jobs == ["sym-pair"]
+
+
 @pytest.mark.parametrize("case", [c for c in INTERACTIONS if "matern" not in c])
 def test_interaction_symmetric_gradients(case):
     """The fused gradient of sum_ij <l_i, r_j> k(x_i, x_j): one pass (two traces of the formula for
@@ -542,6 +565,22 @@ def test_orthogonal_l2_terms_match_the_torch_engine():
 
 
 # ---------------------------------------------------------------------------- supports, errors
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dense_matmul_matches_torch(dtype):
+    """The few-column product on a stored matrix (CG's products on the dense cache): row counts
+    that are not multiples of its 4-row blocks, 2 to 9 columns, batches, a broadcast rhs batch."""
+    from lazykern.cpu import dense_matmul, supports_dense_matmul
+
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for shape, rhs_shape in [((7, 5), (5, 2)), ((2, 13, 9), (2, 9, 5)), ((3, 10, 10), (10, 9)), ((1, 6), (6, 4))]:
+        k, v = torch.randn(shape, dtype=dtype), torch.randn(rhs_shape, dtype=dtype)
+        torch.testing.assert_close(dense_matmul(k, v), k @ v, rtol=tol, atol=tol)
+    assert not supports_dense_matmul(torch.ones(4, 4), torch.ones(2, 4, 3))  # would copy the matrix
+    assert not supports_dense_matmul(torch.ones(4, 4), torch.ones(4, 1, dtype=torch.float64))
+    with pytest.raises(ValueError, match="rhs"):
+        dense_matmul(torch.ones(4, 4), torch.ones(4, 1))
+
+
 def test_supports_declines_what_it_cannot_generate():
     x = torch.randn(10, D, dtype=DT)
     rbf = StationaryFormula("rbf")

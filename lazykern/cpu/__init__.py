@@ -8,7 +8,8 @@ and compiles it once per structure into a cache beside KeOps' (``lazykern.cpu.bu
 KeOps stays the engine on GPUs.
 
 Functions (same shapes as :mod:`lazykern.backend`): :func:`matmul`, :func:`dense`,
-:func:`symmetric_gradients` and :func:`supports`.
+:func:`symmetric_gradients` and :func:`supports`; :func:`dense_matmul` multiplies a stored dense
+matrix by a few columns (CG's products on the dense cache).
 
 Example:
     >>> import torch
@@ -23,6 +24,7 @@ Example:
     torch.Size([200, 4])
 """
 
+from .dense_matmul import dense_matmul, supports_dense_matmul
 from .reductions import dense, matmul, supports, symmetric_gradients
 
-__all__ = ["dense", "matmul", "supports", "symmetric_gradients"]
+__all__ = ["dense", "dense_matmul", "matmul", "supports", "supports_dense_matmul", "symmetric_gradients"]

@@ -30,7 +30,7 @@ import time
 from .. import keops
 from .codegen import Reduction, generate
 
-__all__ = ["BASE_FLAGS", "compiler", "engine_flags", "load", "compile_log"]
+__all__ = ["BASE_FLAGS", "compiler", "engine_flags", "load", "load_source", "compile_log"]
 
 #: Flags of every reduction, before :func:`lazykern.keops.compile_flags`. ``-O2``: the loops that
 #: matter are ``omp simd`` loops, vectorized at ``-O2`` too; ``-O3`` measured no faster (additive RBF,
@@ -42,7 +42,7 @@ __all__ = ["BASE_FLAGS", "compiler", "engine_flags", "load", "compile_log"]
 BASE_FLAGS = "-x c -std=gnu11 -O2 -ffp-contract=off -fopenmp -fPIC -shared"
 
 _LOCK_TIMEOUT_S = 1800
-_loaded: dict[Reduction, ctypes._CFuncPtr] = {}
+_loaded: dict[object, ctypes._CFuncPtr] = {}  # by Reduction, or by source text
 _lock = threading.Lock()
 
 #: (library name, seconds) of each compile this process ran, for reports and benchmarks.
@@ -67,19 +67,31 @@ def engine_flags() -> str:
     return f"{BASE_FLAGS} {keops.compile_flags()}".strip()
 
 
+_REDUCE_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 6
+
+
 def load(red: Reduction) -> ctypes._CFuncPtr:
     """The compiled function of ``red`` (compiled on first use, then cached on disk and in memory)."""
-    fn = _loaded.get(red)
+    return _load_cached(red, lambda: _load_or_compile(generate(red), "lk_reduce", _REDUCE_ARGTYPES))
+
+
+def load_source(source: str, symbol: str, argtypes: list) -> ctypes._CFuncPtr:
+    """The function ``symbol`` of a fixed C ``source`` (compiled and cached like a reduction)."""
+    return _load_cached(source, lambda: _load_or_compile(source, symbol, argtypes))
+
+
+def _load_cached(key: object, make) -> ctypes._CFuncPtr:
+    fn = _loaded.get(key)
     if fn is not None:
         return fn
     with _lock:
-        fn = _loaded.get(red)
+        fn = _loaded.get(key)
         if fn is None:
-            fn = _loaded[red] = _load_or_compile(generate(red))
+            fn = _loaded[key] = make()
     return fn
 
 
-def _load_or_compile(source: str) -> ctypes._CFuncPtr:
+def _load_or_compile(source: str, symbol: str, argtypes: list) -> ctypes._CFuncPtr:
     # Keyed by the source itself: a change of the code generator can never load a stale library.
     key = hashlib.sha256(source.encode()).hexdigest()[:24]
     from filelock import FileLock, Timeout
@@ -99,10 +111,9 @@ def _load_or_compile(source: str) -> ctypes._CFuncPtr:
                 f"lazykern waited {_LOCK_TIMEOUT_S} s for another process compiling {lib}; if none is "
                 f"running, delete {lock.lock_file}"
             ) from err
-    handle = ctypes.CDLL(lib)
-    fn = handle.lk_reduce
+    fn = getattr(ctypes.CDLL(lib), symbol)
     fn.restype = None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 6
+    fn.argtypes = argtypes
     return fn
 
 

@@ -71,7 +71,8 @@ def _build_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, d
     """Jobs: ``"mm"`` (:math:`K V`), ``"mmT"`` (:math:`K^\\top V`), ``"dense"`` (rows of K),
     ``"gradA"``/``"gradB"`` (backward passes over rows of ``x1``/``x2``, weights from dot products
     of column arrays), ``"gradA-pair"``/``"gradB-pair"`` (weights from a dense gradient matrix),
-    ``"sym"`` (the fused gradient of :math:`\\sum_{ij} \\langle l_i, r_j\\rangle k(x_i, x_j)`).
+    ``"sym"`` (the fused gradient of :math:`\\sum_{ij} \\langle l_i, r_j\\rangle k(x_i, x_j)`),
+    ``"sym-pair"`` (the same with weights from a dense gradient matrix :math:`G` and its transpose).
     ``want`` names the gradients a backward pass computes: ``"x"`` (its outer input), parameter
     names, ``"rhs"`` (``gradB`` only: :math:`K^\\top \\bar Y`)."""
     g = Graph()
@@ -94,9 +95,10 @@ def _build_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, d
     o = g.leaf("o", d_outer)
     leaves = {"x": o, **{n: g.leaf(f"p:{n}", w) for n, w in params.items()}}
     w0 = g.leaf("w0", 1)
-    if job == "sym":
+    if job in ("sym", "sym-pair"):
         w1 = g.leaf("w1", 1)
-        weights = (("w0", "dot", 0, 0), ("w1", "dot", 1, 1))
+        pair = job == "sym-pair"
+        weights = (("w0", "pair"), ("w1", "pair")) if pair else (("w0", "dot", 0, 0), ("w1", "dot", 1, 1))
         if getattr(formula, "even_stationary", False):  # dk(x_j, x_i)/dx_i = dk(x_i, x_j)/dx_i
             seeds_x = [(root, g.binary("add", w0, w1))]
         else:
@@ -106,7 +108,7 @@ def _build_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, d
             outs.append(adjoints(g, seeds_x, [o])[o])
         pgrads = adjoints(g, [(root, w0)], [leaves[n] for n in params])
         outs += [pgrads[leaves[n]] for n in params if n in want]
-        ovecs = ivecs = 2
+        ovecs = ivecs = 0 if pair else 2
     else:
         pair = job.endswith("-pair")
         weights = (("w0", "pair"),) if pair else (("w0", "dot", 0, 0),)
@@ -183,8 +185,7 @@ def _param_buffers(params: Mapping[str, Tensor], batch: torch.Size, nb: int) -> 
 
 def _out(batch: torch.Size, n: int, w: int, like: Tensor) -> tuple[Tensor, int]:
     """A ``(*batch, n, w)`` result and its batch stride, allocated in its final shape: a view
-    returned by an autograd Function may not be modified in place (``pairwise_dense`` flushes
-    subnormals in place)."""
+    returned by an autograd Function may not be modified in place."""
     return like.new_empty(*batch, n, w), n * w
 
 
@@ -252,7 +253,8 @@ def _grad_pass(
     }
     c = 1
     if job.endswith("-pair"):
-        buffers["pair:w0"] = _rows(vecs["pair"], batch, nb)
+        for k, weight in enumerate(vecs["pairs"]):
+            buffers[f"pair:w{k}"] = _rows(weight, batch, nb)
     else:
         for k, (ov, iv) in enumerate(vecs["dots"]):
             buffers[f"ovec:{k}"] = _rows(ov, batch, nb)
@@ -327,7 +329,7 @@ class _Matmul(torch.autograd.Function):
 class _Dense(torch.autograd.Function):
     @staticmethod
     def forward(ctx, formula, names, x1, x2, *values):  # noqa: D102 - autograd protocol
-        ctx.formula, ctx.names = formula, names
+        ctx.formula, ctx.names, ctx.same_inputs = formula, names, x1 is x2
         ctx.save_for_backward(x1, x2, *values)
         return _forward_dense(formula, x1, x2, dict(zip(names, values)))
 
@@ -341,14 +343,21 @@ class _Dense(torch.autograd.Function):
         batch = _batch(x1, x2, grad_out, *values)
         gx1 = gx2 = None
         grads: dict[str, Tensor] = {}
+        if ctx.same_inputs and need_x1:
+            # K(x, x): the gradients reaching x through both sides in one pass over rows, weighted
+            # by G and G^T (half the work of a pass over rows of x1 plus one over rows of x2).
+            want = ("x",) + wanted_p
+            pairs = [grad_out, grad_out.transpose(-1, -2).contiguous()]
+            gx1, _, grads = _grad_pass(ctx.formula, "sym-pair", x1, x1, params, want, batch, {"pairs": pairs})
+            return (None, None, _input_grad(gx1, x1, batch), None, *_param_grads(params, grads, batch))
         a_runs = need_x1 or (wanted_p and not need_x2)
         if a_runs:
             want = (("x",) if need_x1 else ()) + wanted_p
-            gx1, _, grads = _grad_pass(ctx.formula, "gradA-pair", x1, x2, params, want, batch, {"pair": grad_out})
+            gx1, _, grads = _grad_pass(ctx.formula, "gradA-pair", x1, x2, params, want, batch, {"pairs": [grad_out]})
         if need_x2:
             want = ("x",) + (() if a_runs else wanted_p)
             gx2, _, more = _grad_pass(
-                ctx.formula, "gradB-pair", x1, x2, params, want, batch, {"pair": grad_out.transpose(-1, -2)}
+                ctx.formula, "gradB-pair", x1, x2, params, want, batch, {"pairs": [grad_out.transpose(-1, -2)]}
             )
             grads.update(more)
         return (None, None, _input_grad(gx1, x1, batch), _input_grad(gx2, x2, batch), *_param_grads(params, grads, batch))

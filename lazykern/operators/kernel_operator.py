@@ -96,7 +96,7 @@ class LazyKernelOperator(KernelLinearOperator):
         if not self._needs_grad(rhs):
             dense = self._cached_dense()
             if dense is not None:
-                return dense @ rhs
+                return backend.dense_matmul(dense, rhs)
         return backend.pairwise_matmul(self.covar_func, self.x1, self.x2, self.tensor_params, rhs)
 
     def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor) -> tuple[Tensor | None, ...]:
