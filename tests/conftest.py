@@ -38,8 +38,20 @@ def uci_data_dir() -> Path:
     return Path(os.environ.get("LAZYKERN_DATA", ROOT.parent / "shared" / "uci"))
 
 
+#: Most xdist workers: each may hold a memory test's process (up to ~1.5 GB) at once.
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "real_data: runs on the real UCI copy; skipped, with one reason, without it")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        # The workers share the cores: more torch threads than cores would only contend.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
