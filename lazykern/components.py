@@ -110,8 +110,8 @@ def _first_order(kernel: Kernel, outer: Tensor | float, x: Tensor):
     """Per-dimension 1-D problems of the first-order terms: the formula, ``(D, N, F)`` inputs, params."""
     d = kernel.num_dims
     if isinstance(kernel, OrthogonalAdditiveKernel):
-        x_ = kernel._inputs(x, x)[0]  # (N, 4D): [u, g(u), a(u), log a(u)]
-        per_dim = x_.reshape(x.shape[0], 4, d).permute(2, 0, 1)  # (D, N, 4)
+        x_ = kernel._inputs(x, x)[0]  # (N, 5D): [u, g(u), a(u), log a(u), m]
+        per_dim = x_.reshape(x.shape[0], 5, d).permute(2, 0, 1)  # (D, N, 5)
         formula, params = InteractionFormula(StationaryFormula("rbf"), 1, kind="orthogonal"), {}
     else:
         x_, _, params = formula_inputs(kernel.base_kernel, x, x)

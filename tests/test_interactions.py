@@ -244,6 +244,31 @@ def test_orthogonal_terms_stay_finite_far_out_at_short_lengthscales():
         assert (terms.double() - expected).abs().max() < tol
 
 
+def test_orthogonal_terms_at_collapsed_and_boundary_lengthscales():
+    """A lengthscale of 1e-5 (beta = 1e10, reached training OAK on UCI bike in float32): the short-
+    lengthscale form keeps float32 at its own precision, where u u' - g - g' cancelled numbers of
+    size 1e10 (errors of order 1); float32 keeps the error of rounding u = (x - mu) / l itself,
+    eps * |u| = 1e-3 at |u| = 2e4, as any kernel of scaled inputs does. At beta = 1 -+ 1e-3 the
+    two forms meet (float64, 1e-12)."""
+    from lazykern.formulas.interactions import orthogonal_rbf_features, orthogonal_rbf_terms
+
+    x = torch.tensor([[-2.1], [-0.4], [0.0], [0.3], [0.30001], [1.7]], dtype=torch.float64)
+    mean, std = torch.tensor([[0.1]], dtype=torch.float64), torch.tensor([[0.9]], dtype=torch.float64)
+    cases = [(1e-5, torch.float32, 2e-3), (0.9 / (1 - 1e-3) ** 0.5, torch.float64, 1e-12),
+             (0.9 / (1 + 1e-3) ** 0.5, torch.float64, 1e-12), (1e-5, torch.float64, 1e-12)]
+    for length, dtype, tol in cases:
+        ls = torch.tensor([[length]], dtype=torch.float64)
+        f = orthogonal_rbf_features(x.to(dtype), ls.to(dtype), mean.to(dtype), std.to(dtype))
+        terms = orthogonal_rbf_terms(f[:, None], f[None])[..., 0].double()
+        xr, ls = x.to(dtype).double(), ls.to(dtype).double()  # the definition at the rounded inputs
+        beta = (std.to(dtype).double() / ls) ** 2
+        u = (xr - mean.to(dtype).double()) / ls
+        k = torch.exp(-0.5 * ((xr - xr.T) / ls) ** 2)
+        m = torch.exp(-0.5 * u**2 / (1 + beta)) / torch.sqrt(1 + beta)
+        expected = k - m * m.T * torch.sqrt(1 + 2 * beta)
+        assert (terms - expected).abs().max() < tol, (length, dtype)
+
+
 def test_elementary_symmetric_gradcheck_and_float32():
     z = torch.rand(4, 6, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda v: elementary_symmetric(v, 4), (z,))

@@ -38,7 +38,12 @@ it without cancellation, to :math:`3 \cdot 10^{-7}` at any lengthscale (measured
     a(u) = \sqrt\rho\, e^{-c u^2 / 2}, \quad g(u) = \tfrac12 \beta c\, u^2 + \tfrac12 \log\rho,
 
 from per-point features (:func:`orthogonal_rbf_features`), with :math:`\log \rho` from ``log1p``
-(it is :math:`-\beta^2/2 + O(\beta^3)`).
+(it is :math:`-\beta^2/2 + O(\beta^3)`). That form is for :math:`\beta \le 1`; at short
+lengthscales (:math:`\beta = \delta^2/\ell^2 \gg 1`, met training OAK on UCI bike, where a
+lengthscale went to :math:`10^{-5}`) :math:`u u'` and :math:`g` are huge numbers that cancel, and
+float32 lost every digit. There the same exponent is evaluated as
+:math:`-\tfrac12 (u - u')^2 + \tfrac12 c\,(u^2 + u'^2) - \log\rho`, whose terms stay small
+(:math:`c u^2 = (x - \mu)^2 / (\ell^2 + \delta^2)`), chosen per dimension by a 0/1 feature.
 
 **Groups.** :math:`k(x, x') = \sum_g s_g\, k(x_{G_g}, x'_{G_g})` for given (possibly overlapping)
 sets of dimensions :math:`G_g`: one stationary profile applied to each group's summed terms.
@@ -209,13 +214,15 @@ def _measure_constants(lengthscale: torch.Tensor, measure_std: torch.Tensor):
 def orthogonal_rbf_features(
     x: torch.Tensor, lengthscale: torch.Tensor, measure_mean: torch.Tensor, measure_std: torch.Tensor
 ) -> torch.Tensor:
-    r"""Per-point inputs of the orthogonalized RBF terms: ``(..., N, 4D)``,
-    :math:`[u, g(u), a(u), \log a(u)]`.
+    r"""Per-point inputs of the orthogonalized RBF terms: ``(..., N, 5D)``,
+    :math:`[u, g(u), a(u), \log a(u), m]`.
 
-    :math:`u = (x - \mu) / \ell`, :math:`g(u) = \frac12 \beta c u^2 + \frac12 \log\rho` and
-    :math:`a(u) = \sqrt\rho\, e^{-c u^2 / 2}`, with :math:`c = 1 / (1 + \beta)`,
-    :math:`\rho = \sqrt{1 + 2\beta} / (1 + \beta)`, :math:`\beta = \delta^2 / \ell^2` (see the module
-    docstring); computed once per point, differentiable in :math:`\ell` by torch.
+    :math:`u = (x - \mu) / \ell`, :math:`a(u) = \sqrt\rho\, e^{-c u^2 / 2}`, with
+    :math:`c = 1 / (1 + \beta)`, :math:`\rho = \sqrt{1 + 2\beta} / (1 + \beta)`,
+    :math:`\beta = \delta^2 / \ell^2` (see the module docstring); :math:`m = 1` where
+    :math:`\beta > 1`, else 0, selects the form of the exponent, and
+    :math:`g(u) = \frac12 (\beta c - m) u^2 + \frac12 \log\rho` (for :math:`m = 1`,
+    :math:`\beta c - 1 = -c`). Computed once per point, differentiable in :math:`\ell` by torch.
 
     Args:
         x: ``(..., N, D)`` inputs.
@@ -223,20 +230,25 @@ def orthogonal_rbf_features(
 
     Example:
         >>> f = orthogonal_rbf_features(torch.zeros(1, 1), torch.ones(1), torch.zeros(1), torch.ones(1))
-        >>> f  # u = 0, g(0) = log(rho) / 2, a(0) = sqrt(rho), rho = sqrt(3) / 2
-        tensor([[ 0.0000, -0.0719,  0.9306, -0.0719]])
+        >>> f  # u = 0, g(0) = log(rho) / 2, a(0) = sqrt(rho), rho = sqrt(3) / 2, beta = 1: m = 0
+        tensor([[ 0.0000, -0.0719,  0.9306, -0.0719,  0.0000]])
     """
     beta, c, log_rho = _measure_constants(lengthscale, measure_std)
     u = (x - measure_mean) / lengthscale
     square = u * u
     log_a = 0.5 * (log_rho - c * square)
-    return torch.cat([u, 0.5 * (beta * c * square + log_rho), torch.exp(log_a), log_a], -1)
+    short = beta > 1
+    g = 0.5 * (torch.where(short, -c, beta * c) * square + log_rho)
+    m = short.to(u.dtype).expand_as(u)
+    return torch.cat([u, g, torch.exp(log_a), log_a, m], -1)
 
 
 def orthogonal_rbf_terms(x1: Any, x2: Any) -> Any:
     r"""Per-dimension values :math:`\tilde k(u_d, u'_d) = a_d a'_d\, \operatorname{expm1}(s_d)`,
-    :math:`s_d = u_d u'_d - g_d - g'_d`, of the RBF kernel made orthogonal to a Gaussian input
-    measure, from the features of :func:`orthogonal_rbf_features` (trailing axis 4D).
+    :math:`s_d = u_d u'_d - g_d - g'_d` (where :math:`m_d = 1`: :math:`s_d = -\frac12 (u_d - u'_d)^2 - g_d - g'_d`),
+    of the RBF kernel made orthogonal to a Gaussian input measure, from the features of
+    :func:`orthogonal_rbf_features` (trailing axis 5D). The 0/1 selector multiplies each form, so
+    the result is exactly one of them.
 
     Far from the measure's mean at short lengthscales (standardized inputs of 10 or more, found in
     UCI data) :math:`a a'` underflows to 0 while :math:`e^{s}` overflows, and their product would be
@@ -248,8 +260,9 @@ def orthogonal_rbf_terms(x1: Any, x2: Any) -> Any:
 
     exact where :math:`s \le 1` (:math:`r = 0`: the last two terms are the same number) and free of
     overflow beyond (:math:`L + r = -(u - u')^2 / 2 + \dots` stays bounded)."""
-    (u1, g1, a1, la1), (u2, g2, a2, la2) = _split(x1, 4), _split(x2, 4)
-    s = u1 * u2 - g1 - g2
+    (u1, g1, a1, la1, m1), (u2, g2, a2, la2, _) = _split(x1, 5), _split(x2, 5)
+    diff = u1 - u2
+    s = m1 * (-0.5 * diff * diff) + (1 - m1) * (u1 * u2) - g1 - g2
     r = (s - 1).relu()
     log_scale = la1 + la2 + 1
     return a1 * a2 * _expm1(s - r) + (log_scale + r).exp() - log_scale.exp()
@@ -327,7 +340,7 @@ class InteractionFormula:
     * ``"base"``: the one-dimensional ``base`` kernel (inputs pre-divided by their lengthscales,
       as for :class:`~lazykern.formulas.stationary.StationaryFormula`);
     * ``"orthogonal"``: the orthogonalized RBF term (OAK) :func:`orthogonal_rbf_terms` (inputs: the
-      4D features of :func:`orthogonal_rbf_features`);
+      5D features of :func:`orthogonal_rbf_features`);
     * ``"orthogonal-l2"``: the :math:`L^2(p)` inner products of orthogonalized RBF terms,
       :func:`orthogonal_rbf_l2_terms` (inputs: the 5D features of
       :func:`orthogonal_rbf_l2_features`), from which the Sobol indices of an OAK model follow.
