@@ -12,7 +12,7 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 import torch
 from gpytorch.kernels import Kernel
 
-from . import keops, settings
+from . import backend, keops, settings
 from .cpu import build
 from .validation import check_positive_int
 
@@ -132,7 +132,8 @@ def precompile(
     reductions of :math:`\partial (U^\top K V) / \partial \theta` for every hyperparameter
     :math:`\theta` of ``kernel`` that requires grad (what one marginal-likelihood backward pass
     compiles), and the dense build of :math:`K(X, X)` with, under ``gradients``, its backward
-    pass (what GPyTorch's Cholesky path asks for).
+    pass (what GPyTorch's Cholesky path asks for), and the product of a stored dense matrix with a
+    few columns (CG on the dense cache, :func:`lazykern.backend.dense_matmul`).
     Formulas depend on ``dtype``, the input dimension and the batch shape, never on the number of
     points, so this runs on a few random points and takes only compile time (KeOps: 5-40 s per
     formula the first time; the CPU engine: about a second; well under a second once cached). Safe to call from
@@ -209,6 +210,8 @@ def precompile(
         dense = kernel(x, x).to_dense()
         if dense.requires_grad:
             torch.autograd.grad(dense.sum(), params, allow_unused=True)
+        # CG's products on the dense cache (the CPU engine's few-column loop, where it applies).
+        backend.dense_matmul(dense.detach(), torch.ones(*dense.shape[:-1], 2, dtype=dtype, device=device))
 
     compiled = len(build.compile_log) - compiles_before + len(_keops_programs(keops_folders) - keops_before)
     loaded = len(build._loaded) + keops.loaded_reductions() - loaded_before

@@ -10,7 +10,7 @@ import torch
 import lazykern
 from lazykern import backend, settings
 
-N, D = 1000, 26  # the additive shape of test_memory.py, so the KeOps formulas are shared
+N, D = 1000, 26  # the additive shape of test_memory.py, so the compiled formulas are shared
 
 
 class ExactGP(gpytorch.models.ExactGP):
@@ -46,7 +46,7 @@ def _mll_step(dtype: torch.dtype, budget: int, spy: list) -> tuple[torch.Tensor,
     torch.manual_seed(0)  # the same CG probe vectors on both paths
     # CG run to (near) machine precision, so that the two paths' solves differ by rounding only.
     cg_tolerance = 1e-12 if dtype == torch.float64 else 1e-8
-    with settings.max_dense_bytes(budget), settings.engine("keops"), gpytorch.settings.max_cholesky_size(0), \
+    with settings.max_dense_bytes(budget), gpytorch.settings.max_cholesky_size(0), \
             gpytorch.settings.max_cg_iterations(400), gpytorch.settings.cg_tolerance(cg_tolerance):
         loss = mll(model(x), y)
         names, params = zip(*model.named_parameters())
@@ -91,7 +91,7 @@ def test_dense_and_lazy_matvecs_and_gradients_agree(dtype, tol):
     rhs = torch.randn(N, 11, generator=torch.Generator().manual_seed(4), dtype=torch.float64).to(dtype)
     results = []
     for budget in (0, N * N * 8):
-        with settings.max_dense_bytes(budget), settings.engine("keops"):
+        with settings.max_dense_bytes(budget):
             op = kernel(x)
             with torch.no_grad():
                 matvec = op @ rhs

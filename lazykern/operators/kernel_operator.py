@@ -134,6 +134,16 @@ class LazyKernelOperator(KernelLinearOperator):
             self.covar_func, self.x1[..., :n, :], self.x2[..., :n, :], self.tensor_params
         )
 
+    def __getitem__(self, index: Any) -> LinearOperator | Tensor:
+        if isinstance(index, tuple) and len(index) == 2 and self.dim() == 2 and _is_grid(*index):
+            # A block of rows x columns by tensor indices (GPyTorch's pivoted Cholesky asks for
+            # N x rank entries this way, also with gradients): one pairwise pass, where
+            # linear_operator would gather a copy of both inputs for every entry (N x rank x D).
+            rows, cols = index
+            x1, x2 = self.x1[rows[:, 0]], self.x2[cols[0]]
+            return backend.pairwise_dense(self.covar_func, x1, x2, self.tensor_params)
+        return super().__getitem__(index)
+
     def _get_indices(self, row_index: Any, col_index: Any, *batch_indices: Any) -> Tensor:
         x1 = self.x1[(*batch_indices, row_index)]
         x2 = self.x2[(*batch_indices, col_index)]
@@ -214,3 +224,12 @@ class LazyKernelOperator(KernelLinearOperator):
         from .scipy_view import as_scipy
 
         return as_scipy(self)
+
+
+def _is_grid(row_index: Any, col_index: Any) -> bool:
+    """Whether the indices select a full block: rows ``(R, 1)`` against columns ``(1, C)``."""
+    return (
+        torch.is_tensor(row_index) and torch.is_tensor(col_index)
+        and row_index.dim() == 2 and col_index.dim() == 2
+        and row_index.shape[1] == 1 and col_index.shape[0] == 1
+    )
