@@ -11,10 +11,12 @@
   batch) and ``RectangularLinearOperatorTestCase`` (``K(X, Z)``) for ``LazyKernelOperator``.
 
 Modes: KeOps forced with the dense budget at 0 (``keops``), the torch engine likewise (``torch``),
-and default settings (``default``). The kernel test bases run in all three (they compare dense
-matrices and diagonals, which never need a KeOps reduction). The KeOps checks run forced on KeOps
-and on the torch engine for every kernel, batched and with default settings at N = 600 (where
-``engine="auto"`` picks KeOps) for the RBF kernel. The operator suites run the square ``K(X, X)``
+and default settings (``default``: lazykern's CPU engine for CPU tensors). The kernel test bases run
+in all three (they compare dense matrices and diagonals, which never need a KeOps reduction). The
+KeOps checks run on the torch engine and with default settings for every kernel, and forced on
+KeOps for the RBF kernel (alone and additive; ``test_kernels.py`` runs every family's KeOps product
+and fused gradient, and KeOps' autograd, whose plumbing is the same for every formula, once),
+batched and with default settings at N = 600 for the RBF kernel. The operator suites run the square ``K(X, X)``
 in all three modes, batch and rectangular operators on the torch engine and with default settings,
 all at the suites' own small sizes (see OPERATOR_CASES).
 
@@ -165,11 +167,14 @@ def _keops_must_run(mode: str, monkeypatch):
 
 
 KEOPS_CHECKS = [(f, s, a) for f in FAMILIES for s in ("alone", "additive") for a in (False, True)]
-CHECK_IDS = [f"{f}-{s}-{'ard' if a else 'shared'}" for f, s, a in KEOPS_CHECKS]
+#: (family, structure, ard, mode): every kernel on the torch engine and with default settings, the
+#: RBF kernels forced on KeOps (compile budget, see the module docstring).
+MODE_CHECKS = [(*case, mode) for case in KEOPS_CHECKS for mode in ("keops", "torch", "default")
+               if mode != "keops" or case[0] == "rbf"]
+MODE_IDS = [f"{f}-{s}-{'ard' if a else 'shared'}-{m}" for f, s, a, m in MODE_CHECKS]
 
 
-@pytest.mark.parametrize("mode", ["keops", "torch"])
-@pytest.mark.parametrize("family, structure, ard", KEOPS_CHECKS, ids=CHECK_IDS)
+@pytest.mark.parametrize("family, structure, ard, mode", MODE_CHECKS, ids=MODE_IDS)
 def test_keops_checks_forward_x1_eq_x2_and_neq(family, structure, ard, mode, monkeypatch):
     mine, theirs = _twins(family, structure, ard)
     x1, x2 = torch.randn(100, 3, dtype=F64), torch.randn(50, 3, dtype=F64)
@@ -184,8 +189,7 @@ def test_keops_checks_forward_x1_eq_x2_and_neq(family, structure, ard, mode, mon
             assert_close(d1, mine(a, a).to_dense().diagonal(), rtol=_rtol(family))
 
 
-@pytest.mark.parametrize("mode", ["keops", "torch"])
-@pytest.mark.parametrize("family, structure, ard", KEOPS_CHECKS, ids=CHECK_IDS)
+@pytest.mark.parametrize("family, structure, ard, mode", MODE_CHECKS, ids=MODE_IDS)
 def test_keops_checks_gradient(family, structure, ard, mode, monkeypatch):
     mine, theirs = _twins(family, structure, ard)
     x = torch.randn(100, 3, dtype=F64)
