@@ -133,7 +133,7 @@ def precompile(
     :math:`\theta` of ``kernel`` that requires grad (what one marginal-likelihood backward pass
     compiles), and the dense build of :math:`K(X, X)` with, under ``gradients``, its backward
     pass (what GPyTorch's Cholesky path asks for), and the product of a stored dense matrix with a
-    few columns (CG on the dense cache, :func:`lazykern.backend.dense_matmul`).
+    few columns (CG on the dense cache, ``lazykern.backend.dense_matmul``).
     Formulas depend on ``dtype``, the input dimension and the batch shape, never on the number of
     points, so this runs on a few random points and takes only compile time (KeOps: 5-40 s per
     formula the first time; the CPU engine: about a second; well under a second once cached). Safe to call from

@@ -73,7 +73,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max() / b.double().abs().max())
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+# float32, where the flags matter most (the float overloads of exp, log, ...); KeOps now runs on GPUs,
+# where these CPU flags never apply, so one dtype keeps the check within the suite's compile budget.
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5)])
 def test_fast_flags_match_default_flags(dtype, tol, monkeypatch):
     fast = _run(lk.FAST_FLAGS, dtype, monkeypatch)
     default = _run("", dtype, monkeypatch)
@@ -94,7 +96,7 @@ def test_lazykern_reduction_leaves_keops_configuration_alone(monkeypatch):
     from pykeops.common.keops_io import keops_binder
 
     before = (config.cpp_flags, link_compile.cpp_flags, config.get_build_folder(), list(sys.path))
-    _run(lk.FAST_FLAGS, torch.float64, monkeypatch)
+    _run(lk.FAST_FLAGS, torch.float32, monkeypatch)
     assert (config.cpp_flags, link_compile.cpp_flags, config.get_build_folder(), list(sys.path)) == before
 
     # A reduction built outside a lazykern session goes to KeOps' own loader, untouched.

@@ -10,20 +10,21 @@
 * ``linear_operator.test.linear_operator_test_case.LinearOperatorTestCase`` (square ``K(X, X)``,
   batch) and ``RectangularLinearOperatorTestCase`` (``K(X, Z)``) for ``LazyKernelOperator``.
 
-Modes: KeOps forced with the dense budget at 0 (``keops``), the torch engine likewise (``torch``),
-and default settings (``default``: lazykern's CPU engine for CPU tensors). The kernel test bases run
-in all three (they compare dense matrices and diagonals, which never need a KeOps reduction). The
+Modes: KeOps forced with the dense budget at 0 (``keops``), lazykern's CPU engine likewise
+(``lazy``), the torch engine likewise (``torch``), and default settings (``default``: the CPU engine
+for CPU tensors, dense where the budget allows). The kernel test bases run in ``keops``, ``torch``
+and ``default`` (they compare dense matrices and diagonals, which never need a KeOps reduction). The
 KeOps checks run on the torch engine and with default settings for every kernel, and forced on
 KeOps for the RBF kernel (alone and additive; ``test_kernels.py`` runs every family's KeOps product
 and fused gradient, and KeOps' autograd, whose plumbing is the same for every formula, once),
-batched and with default settings at N = 600 for the RBF kernel. The operator suites run the square ``K(X, X)``
-in all three modes, batch and rectangular operators on the torch engine and with default settings,
-all at the suites' own small sizes (see OPERATOR_CASES).
+batched and with default settings at N = 600 for the RBF kernel. The operator suites run the square
+``K(X, X)`` in ``lazy``, ``torch`` and ``default``, batch and rectangular operators on the torch
+engine and with default settings, all at the suites' own small sizes (see OPERATOR_CASES).
 
 Compile budget: every KeOps test uses D = 3 and float64 like ``test_kernels.py``, whose formulas
 (2 right-hand-side columns) the per-family checks share; batched reductions compile a variant of
 their own, so only the RBF formula runs them on KeOps; the operator suites use one formula (RQ)
-and run on KeOps only where ``K(X, X)`` does, once per right-hand-side width linear_operator uses.
+and run lazily on lazykern's CPU engine (``lazy``), the torch engine and with default settings.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from .test_kernels import FAMILIES, assert_close
 F64 = torch.float64
 MODES = {
     "keops": lambda: (settings.engine("keops"), settings.max_dense_bytes(0)),
+    "lazy": lambda: (settings.engine("cpu"), settings.max_dense_bytes(0)),
     "torch": lambda: (settings.engine("torch"), settings.max_dense_bytes(0)),
     "default": lambda: (),
 }
@@ -60,14 +62,11 @@ class _InMode:
     """unittest mixin: every test of the class runs inside the settings of ``self.mode``."""
 
     mode = "default"
-    #: tests of a ``keops`` class that run on the torch engine instead (see where it is set)
-    torch_engine_tests: frozenset[str] = frozenset()
 
     def setUp(self) -> None:
         super().setUp()
         self._mode = contextlib.ExitStack()
-        mode = "torch" if self._testMethodName in self.torch_engine_tests else self.mode
-        for ctx in MODES[mode]():
+        for ctx in MODES[self.mode]():
             self._mode.enter_context(ctx)
 
     def tearDown(self) -> None:
@@ -108,7 +107,7 @@ class _KernelCase(_InMode, BaseKernelTestCase):
 
 KERNEL_CASES = [(f, s) for f in FAMILIES for s in ("alone", "additive")] + [("rbf", "product")]
 for _family, _structure in KERNEL_CASES:
-    for _mode in MODES:
+    for _mode in ("keops", "torch", "default"):
         _name = f"TestKernelCase_{_family.replace('.', '')}_{_structure}_{_mode}"
         globals()[_name] = type(
             _name, (_KernelCase, unittest.TestCase), {"family": _family, "structure": _structure, "mode": _mode}
@@ -283,13 +282,6 @@ class _OperatorCase(_InMode):
 
 
 class _SquareCase(_OperatorCase, LinearOperatorTestCase):
-    # Compile budget: these draw 256 probe vectors (a 272-column KeOps reduction, compiled for them
-    # alone); the KeOps path of the stochastic log-determinant runs with GPyTorch's own 10 probes
-    # in test_gpytorch_integration.py.
-    torch_engine_tests = frozenset(
-        {"test_inv_quad_logdet", "test_inv_quad_logdet_no_reduce", "test_root_decomposition_cholesky"}
-    )
-
     def create_linear_op(self) -> LazyKernelOperator:
         x = self._points(self.n)
         return self._operator(x, x)
@@ -300,15 +292,17 @@ class _RectangularCase(_OperatorCase, RectangularLinearOperatorTestCase):
         return self._operator(self._points(self.n), self._points(self.n - 2))
 
 
-# KeOps forced: the square operator (every right-hand-side width linear_operator uses compiles a
-# reduction of its own); batch and rectangular operators run lazily on the torch engine. Default
+# Forced lazy on lazykern's CPU engine: the square operator (on KeOps every right-hand-side width
+# linear_operator uses compiled a reduction of its own, 4 minutes of a cold run for code paths that
+# are the operator's, not the engine's); batch and rectangular operators run lazily on the torch
+# engine. Default
 # settings run at the suites' own small sizes (the dense-cache path): their tolerances assume a
 # small operator (CG to 1e-4 against atol 1e-5, Lanczos root decompositions of full rank): at
 # N = 600 a DenseLinearOperator of the same matrix fails the diagonalization, root decomposition and
 # solve checks exactly as lazykern's operator does (the last two even for a jittered-grid K of
 # condition number 5). KeOps under default settings runs in the kernel checks above (N = 600).
 OPERATOR_CASES = [
-    ("square", _SquareCase, torch.Size(), ("keops", "torch", "default")),
+    ("square", _SquareCase, torch.Size(), ("lazy", "torch", "default")),
     ("batch", _SquareCase, torch.Size([2]), ("torch", "default")),
     ("rectangular", _RectangularCase, torch.Size(), ("torch", "default")),
 ]
