@@ -59,6 +59,7 @@ __all__ = [
     "DEFAULT_KERNEL",
     "DEFAULT_MAX_DEGREE",
     "INITIAL_NOISE",
+    "TOP_ORDER_SHARE",
     "OPTIMIZERS",
     "ExactGPRegressor",
     "RegressionResult",
@@ -83,6 +84,8 @@ default), so that ``additive-ng`` contains the ARD kernel as its top order. Meas
 0.55. Costs D R multiply-adds per pair, against D exponentials for an ARD kernel."""
 
 INITIAL_NOISE = 0.01
+#: Share of a Newton–Girard kernel's initial variance on its top order (see :func:`initialize`).
+TOP_ORDER_SHARE = 0.99
 """Noise variance at the start of training, 1% of the variance of the standardized targets. Measured on
 pumadyn32nm (1,500 points, ARD RBF, L-BFGS): from GPyTorch's default 0.69, or from 0.1, training
 converges to the mean predictor (outputscale 1e-5, noise 1.0); from 0.01 it finds the fit."""
@@ -226,6 +229,15 @@ def initialize(kernel: Kernel, num_dims: int) -> None:
     :class:`~lazykern.kernels.GroupAdditiveKernel`: the largest group; first-order additive
     kernels: :math:`w = 1`. A ``ScaleKernel`` is looked through. Inputs are assumed standardized.
 
+    A Newton–Girard kernel also starts with :data:`TOP_ORDER_SHARE` of its variance on the top
+    order and the rest spread evenly over the lower ones: with all orders (:math:`R = d`) that is
+    the ARD RBF kernel at ARD's own initialization, plus a little of every lower order, so training
+    starts where ARD's does and moves variance down where the data is additive. With equal order
+    variances (the kernel's default) the likelihood was flat towards the interactions on UCI
+    pumadyn32nm: L-BFGS stopped after 4 evaluations at the mean predictor (test RMSE 1.02, ARD
+    0.22); from this start it reached 0.218 (split 0, 1,500 points), and keggdirected went from
+    0.108 to 0.104 (ARD 0.101), pol from 0.151 to 0.156 (ARD 0.160).
+
     Args:
         kernel: the covariance module (e.g. from :func:`make_kernel`).
         num_dims: number of input dimensions d.
@@ -250,6 +262,13 @@ def initialize(kernel: Kernel, num_dims: int) -> None:
     else:
         raise TypeError(f"initialize knows stationary, additive and interaction kernels, got {type(inner).__name__}")
     base.lengthscale = torch.full_like(base.lengthscale, math.sqrt(width))
+    if isinstance(inner, lazy_kernels.NewtonGirardAdditiveKernel) and not isinstance(
+        inner, lazy_kernels.OrthogonalAdditiveKernel
+    ) and inner.max_degree > 1:
+        lower = (1.0 - TOP_ORDER_SHARE) / (inner.max_degree - 1)
+        variances = torch.full_like(inner.outputscale, lower)
+        variances[..., -1] = TOP_ORDER_SHARE
+        inner.outputscale = variances
 
 
 def train(
