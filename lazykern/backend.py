@@ -113,11 +113,11 @@ def symmetric_gradients(
 ) -> tuple[Tensor | None, Tensor | None, dict[str, Tensor | None]] | None:
     r"""Gradients of :math:`\sum_{ij} \langle l_i, r_j\rangle k(x^{(1)}_i, x^{(2)}_j)` in ONE reduction,
     for ``x1`` and ``x2`` holding the same points (K(X, X)), on the engine :func:`engine_for` picks:
-    the CPU engine (:func:`lazykern.cpu.symmetric_gradients`, any formula) or KeOps (even
-    stationary formulas, as below).
+    the CPU engine (:func:`lazykern.cpu.symmetric_gradients`, any formula) or KeOps (symmetric
+    formulas, as below).
 
-    For an even stationary formula, :math:`\partial k(u, v)/\partial v = \partial k(v, u)/\partial v`
-    (first argument), so with :math:`g_{ij} = \partial k(x_i, x_j)/\partial x_i` the gradients are
+    For a symmetric formula (``formula.symmetric``: :math:`k(u, v) = k(v, u)`, stationary or not),
+    :math:`\partial k(u, v)/\partial v = \partial k(v, u)/\partial v` (first argument), so with :math:`g_{ij} = \partial k(x_i, x_j)/\partial x_i` the gradients are
     :math:`\sum_j \langle l_i, r_j\rangle g_{ij}` for ``x1`` and :math:`\sum_j \langle r_i, l_j\rangle g_{ij}`
     for ``x2``: reductions over j of the same derivative. When ``x1`` *is* ``x2`` (one tensor), one
     output carries their sum. The parameter gradients ride along in the same reduction

@@ -322,7 +322,7 @@ def uneven(x1, x2, p, q):
     return _sum(u * u).rsqrt() + _sum(x1 * x2) * 0.1 + (x1[..., 0:1] * x1[..., 0:1] + p) ** 1.5
 
 
-def test_any_formula_values_gradients_and_non_even_symmetric_pass():
+def test_any_formula_values_gradients_and_symmetric_pass_of_an_asymmetric_formula():
     x1, x2 = inputs()
     p = torch.tensor([[0.7]], dtype=DT, requires_grad=True)
     q = torch.rand(1, D - 1, dtype=DT).add(0.2).requires_grad_()
@@ -526,8 +526,8 @@ def test_dense_of_one_input_backward_in_one_pass(case, monkeypatch):
 
 @pytest.mark.parametrize("case", [c for c in INTERACTIONS if "matern" not in c])
 def test_interaction_symmetric_gradients(case):
-    """The fused gradient of sum_ij <l_i, r_j> k(x_i, x_j): one pass (two traces of the formula for
-    the orthogonal terms, which are not even stationary)."""
+    """The fused gradient of sum_ij <l_i, r_j> k(x_i, x_j): one pass, one trace of the formula (every
+    kind is symmetric, the orthogonal terms too, though not stationary)."""
     hp = interaction_hyperparameters()
     x = torch.randn(N, D, dtype=DT, requires_grad=True)
     left, right = torch.randn(N, 2, dtype=DT), torch.randn(N, 2, dtype=DT)

@@ -99,7 +99,7 @@ def _build_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, d
         w1 = g.leaf("w1", 1)
         pair = job == "sym-pair"
         weights = (("w0", "pair"), ("w1", "pair")) if pair else (("w0", "dot", 0, 0), ("w1", "dot", 1, 1))
-        if getattr(formula, "even_stationary", False):  # dk(x_j, x_i)/dx_i = dk(x_i, x_j)/dx_i
+        if getattr(formula, "symmetric", False):  # dk(x_j, x_i)/dx_i = dk(x_i, x_j)/dx_i
             seeds_x = [(root, g.binary("add", w0, w1))]
         else:
             seeds_x = [(root, w0), (trace(formula, g, "i", "o", params, d1, d2), w1)]
@@ -482,8 +482,8 @@ def symmetric_gradients(
         \frac{\partial S}{\partial x_i} = \sum_j \langle l_i, r_j\rangle \partial_1 k(x_i, x_j)
         + \langle l_j, r_i\rangle \partial_2 k(x_j, x_i),
 
-    where for an even stationary formula (``formula.even_stationary``) the second derivative is
-    the first, so :math:`k` is evaluated once per pair. Same contract as
+    where for a symmetric formula (``formula.symmetric``: :math:`k(u, v) = k(v, u)`) the second
+    derivative is the first, so :math:`k` is evaluated once per pair. Same contract as
     :func:`lazykern.backend.symmetric_gradients`: the gradient for ``x`` is ``None`` unless ``x``
     requires grad, and so is each parameter's.
 

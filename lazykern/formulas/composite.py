@@ -11,8 +11,8 @@ own transformed inputs, e.g. :math:`x/\ell_a` next to :math:`x\pi/p_b`),
 
 where each term reads its own slice of the columns. Slicing works on KeOps ``LazyTensor`` objects
 (``Extract``) and on torch tensors alike, so the combination runs as one reduction on either
-engine, and it keeps the fused symmetric gradient: a sum or product of even stationary terms is
-even and stationary in the concatenated inputs.
+engine, and it keeps the fused symmetric gradient: a sum or product of symmetric terms is
+symmetric in the concatenated inputs.
 
 Parameters follow the convention of every formula: tensors passed by keyword, each term's under a
 name of its own in the combination (``Part.names``).
@@ -57,8 +57,8 @@ class Scaled:
         return (*getattr(self.formula, "param_names", ()), "outputscale")
 
     @property
-    def even_stationary(self) -> bool:
-        return getattr(self.formula, "even_stationary", False)
+    def symmetric(self) -> bool:
+        return getattr(self.formula, "symmetric", False)
 
     def __call__(self, x1: Any, x2: Any, outputscale: Any, **params: Any) -> Any:
         return outputscale * self.formula(x1, x2, **params)
@@ -111,8 +111,8 @@ class Combination:
         return tuple(outer for part in self.parts for outer, _ in part.names)
 
     @property
-    def even_stationary(self) -> bool:
-        return all(getattr(p.formula, "even_stationary", False) for p in self.parts)
+    def symmetric(self) -> bool:
+        return all(getattr(p.formula, "symmetric", False) for p in self.parts)
 
     def __call__(self, x1: Any, x2: Any, **params: Any) -> Any:
         total = None

@@ -377,10 +377,9 @@ class InteractionFormula:
         if self.kind != "base" and self.base.family != "rbf":
             raise ValueError(f"orthogonal terms are derived for the rbf family, got {self.base.family!r}")
 
-    @property
-    def even_stationary(self) -> bool:
-        """Orthogonalized terms depend on where the points are, not only on their difference."""
-        return self.kind == "base"
+    #: Every kind's terms are symmetric in the two points (the orthogonal ones depend on where the
+    #: points are, not only on their difference, but swap with them).
+    symmetric = True
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -423,7 +422,7 @@ class GroupFormula:
 
     base: StationaryFormula
 
-    even_stationary = True
+    symmetric = True
 
     def __post_init__(self) -> None:
         if self.base.additive:

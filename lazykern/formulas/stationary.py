@@ -101,9 +101,9 @@ class StationaryFormula:
     additive: bool = False
     nu: float | None = None
 
-    #: Whether k depends on x - x' only and is even in it (so dk/dx' = -dk/dx), which lets the
-    #: engines fuse the gradients for both sides of K(X, X) into one reduction.
-    even_stationary = True
+    #: Whether k(x, x') = k(x', x), so that dk(x_j, x_i)/dx_i = dk(x_i, x_j)/dx_i: the engines then
+    #: fuse the gradients for both sides of K(X, X) into one reduction of one derivative.
+    symmetric = True
 
     def __post_init__(self) -> None:
         if self.family not in PROFILES:

@@ -116,7 +116,7 @@ class LazyKernelOperator(KernelLinearOperator):
     def _fused_symmetric_gradient(self) -> bool:
         x1, x2 = self.x1, self.x2
         engine = backend.engine_for(self.covar_func, x1, x2, self.tensor_params)
-        fusable = engine == "cpu" or (engine == "keops" and getattr(self.covar_func, "even_stationary", False))
+        fusable = engine == "cpu" or (engine == "keops" and getattr(self.covar_func, "symmetric", False))
         return fusable and (x1 is x2 or (x1.shape == x2.shape and torch.equal(x1, x2)))
 
     def to_dense(self) -> Tensor:
