@@ -58,6 +58,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "data_dir" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.real_data)
+    # The long tests first: xdist's workers then share them out and end on short tests, instead of
+    # one worker running a minute-long compile alone at the end.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

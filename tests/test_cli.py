@@ -320,6 +320,7 @@ def precompile_counts(stderr: str, kernel: str) -> tuple[int, int]:
     return int(found.group(3)), int(found.group(4))
 
 
+@pytest.mark.slow
 def test_precompile_compiles_once_then_reads_the_cache(tmp_path):
     from lazykern.keops import CACHE_ENV
 
@@ -349,6 +350,7 @@ def test_precompile_compiles_once_then_reads_the_cache(tmp_path):
     assert "0 programs compiled" in quiet.stdout
 
 
+@pytest.mark.slow
 def test_first_run_says_it_compiles_then_stays_quiet(tmp_path):
     from lazykern.keops import CACHE_ENV
 

@@ -69,6 +69,7 @@ def dense_calls(monkeypatch) -> list:
     return calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
 def test_dense_and_lazy_paths_give_the_same_mll_and_gradients(dtype, tol, dense_calls):
     itemsize = torch.empty((), dtype=dtype).element_size()

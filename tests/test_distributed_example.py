@@ -47,6 +47,7 @@ def run_example(workers: int, data_dir: Path, out: Path) -> tuple[dict, str]:
     return json.loads(out.read_text()), proc.stdout
 
 
+@pytest.mark.slow
 def test_two_workers_print_the_one_worker_result(fixture_dir, tmp_path):
     one, printed_one = run_example(1, fixture_dir, tmp_path / "one.json")
     two, printed_two = run_example(2, fixture_dir, tmp_path / "two.json")

@@ -80,6 +80,7 @@ def test_operator_of_x_and_its_detached_copy_gives_x_only_its_own_gradient(engin
     assert_close(twice, expected_twice)
 
 
+@pytest.mark.slow
 def test_batched_symmetric_kernel_gradient_is_fused_and_exact(monkeypatch):
     """A batch kernel on non-batch inputs (the shape of a batched GP) keeps K(X, X) one tensor, so
     its gradient is fused; the values are the dense reference's."""

@@ -191,6 +191,7 @@ def _cg_path_models(x, y, d):
     return ours, theirs, their_grad
 
 
+@pytest.mark.slow
 def test_one_cg_training_step_and_predictions_equal_gpytorch_dense_kernels(monkeypatch):
     """Done-when 2: N = 3000, float64, max_cholesky_size=0 (CG + Lanczos), a batch of 2: one
     training step of lazykern's production path (one merged KeOps formula, fused gradient, dense

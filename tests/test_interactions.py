@@ -88,6 +88,7 @@ def _check_matvec(kernel, x1, x2, rhs, engine):
         assert_close(g, e)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["torch", "keops", "cpu"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_symmetric_matvec_values_and_gradients(kind, engine):

@@ -65,6 +65,7 @@ assert all(not torch.equal(before[n], p) for n, p in model.named_parameters() if
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["newton-girard", "orthogonal", "group"])
 def test_interaction_gp_trains_at_n5000_d20_in_small_memory(kind):
     """An Adam step of the exact MLL on the CG path, N=5000, d=20, float64: one N x N float64

@@ -75,6 +75,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # float32, where the flags matter most (the float overloads of exp, log, ...); KeOps now runs on GPUs,
 # where these CPU flags never apply, so one dtype keeps the check within the suite's compile budget.
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5)])
 def test_fast_flags_match_default_flags(dtype, tol, monkeypatch):
     fast = _run(lk.FAST_FLAGS, dtype, monkeypatch)
@@ -90,6 +91,7 @@ def test_fast_flags_match_default_flags(dtype, tol, monkeypatch):
     assert torch.tensor(1e-39, dtype=torch.float32) * 1.0 != 0
 
 
+@pytest.mark.slow
 def test_lazykern_reduction_leaves_keops_configuration_alone(monkeypatch):
     import keopscore.binders.LinkCompile as link_compile
     from keopscore.config import config
@@ -160,6 +162,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_two_processes_compile_concurrently_into_an_empty_cache(tmp_path):
     env = dict(os.environ, **{lk.CACHE_ENV: str(tmp_path), "PYKEOPS_VERBOSE": "0"})
     env.pop(lk.FLAGS_ENV, None)

@@ -262,6 +262,7 @@ def test_float32_matches_float64():
 @pytest.mark.parametrize(
     "family, structure", [(f, "additive-ard-scales") for f in FAMILIES] + [("rbf", "full-ard"), ("matern1.5", "full-ard")]
 )
+@pytest.mark.slow
 def test_keops_product_and_fused_gradient(family, structure, monkeypatch):
     """Each formula family on KeOps as GP training runs it: K(X, X) @ V against the dense reference,
     and its gradient (X through both sides, every hyperparameter) in one fused reduction against the
@@ -289,6 +290,7 @@ def test_keops_product_and_fused_gradient(family, structure, monkeypatch):
         assert_close(g, e)
 
 
+@pytest.mark.slow
 def test_keops_autograd_of_a_product():
     """K(X1, X2) @ V on KeOps with KeOps' own autograd (gradients of both inputs, the right-hand
     side and every hyperparameter), for one formula: the plumbing is the same for every family."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from .memory import peak_rss_increase_mb
 
 SETUP = """
@@ -48,6 +50,7 @@ assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.pa
 """
 
 
+@pytest.mark.slow
 def test_additive_mll_step_at_n10000_stays_small():
     """One MLL forward+backward on the CG path, N=10000, d=26, float32: one N x N float32 matrix alone
     would be 400 MB and GPyTorch's d x N x N tensor 10 GB; the lazy kernel must stay under 300 MB.

@@ -266,6 +266,7 @@ def test_implicit_products_pairwise_and_factored(case: str, path: str, monkeypat
         assert_close(K @ rhs, expected @ rhs)
 
 
+@pytest.mark.slow
 def test_keops_products_per_formula_family() -> None:
     """KeOps reductions: token-equality (embedding), token-pair (convolution) and dot (dense) parts
     in trace mode, and the first-factor kernels of full-mode products; both forms' results agree."""

@@ -59,6 +59,7 @@ def _peak_increase(n: int, backend: str, diag: bool) -> int:
     return json.loads(result.stdout.strip().splitlines()[-1])["increase"]
 
 
+@pytest.mark.slow
 def test_auto_diagonal_and_product_at_20000_stay_under_1_5_gb() -> None:
     increase = _peak_increase(20_000, "auto", diag=True)
     assert increase < 1.5 * 2**30, f"peak RSS rose by {increase / 2**20:.0f} MiB"

@@ -256,6 +256,7 @@ def test_preconditioner_bad_input(build, error, match):
 # ----------------------------------------------------------------------------- lazy additive kernels
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-8), (torch.float32, 1e-3)])
 def test_cg_on_lazy_additive_kernel_matches_dense_solve(dtype, tol):
     n, alpha = 2000, 1.0
@@ -287,6 +288,7 @@ def pol_subset(data_dir, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return data.train_x, data.train_y
 
 
+@pytest.mark.slow
 def test_nystrom_cuts_iterations_on_uci_subset(data_dir):
     n, alpha, tol = 3000, 1e-2, 1e-6
     x, y = pol_subset(data_dir, n)

@@ -218,6 +218,7 @@ BATCH_CHECKS = [
     BATCH_CHECKS,
     ids=[f"{f}-{s}-{'ard' if a else 'shared'}-{m}" for f, s, a, m in BATCH_CHECKS],
 )
+@pytest.mark.slow
 def test_keops_checks_batch_and_broadcast_rhs(family, structure, ard, mode, monkeypatch):
     mine, theirs = _twins(family, structure, ard)
     n = 600 if mode == "default" else 100  # sizes where default settings stay lazy on any engine
