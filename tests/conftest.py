@@ -58,9 +58,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "data_dir" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.real_data)
-    # The long tests first: xdist's workers then share them out and end on short tests, instead of
-    # one worker running a minute-long compile alone at the end.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    items[:] = _slow_first_in_every_share(items, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
+def _slow_first_in_every_share(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
+    """The order in which xdist's work stealing gives every worker the slow tests first.
+
+    It hands each worker one contiguous share of the list (``len // workers`` of what is left) and
+    later moves tests from the end of a busy worker's queue to an idle one: with each share
+    starting on its part of the slow tests, the workers run those side by side and end on short
+    tests, instead of one worker running a minute-long compile alone at the end."""
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    fast = iter([item for item in items if not item.get_closest_marker("slow")])
+    ordered: list[pytest.Item] = []
+    for k in range(workers):
+        size = (len(items) - len(ordered)) // (workers - k)
+        share = slow[k::workers]
+        ordered += share + [next(fast) for _ in range(max(0, size - len(share)))]
+    return ordered + list(fast)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

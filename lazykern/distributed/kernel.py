@@ -44,6 +44,7 @@ class ShardedKernel(Kernel):
         >>> model = lazykern.KernelRidge(kernel, alpha=1e-2, rank=50).fit(x, y)
         >>> model.predict(x[:3]).shape
         torch.Size([3])
+        >>> dist.destroy_process_group()  # the example's own group: later code starts without one
     """
 
     def __init__(self, base_kernel: Kernel, group: dist.ProcessGroup | None = None) -> None:

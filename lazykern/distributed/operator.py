@@ -94,6 +94,7 @@ class ShardedOperator(LinearOperator):
         >>> K = lazykern.distributed.shard(lazykern.RBFKernel().double()(x))
         >>> K.local_rows, K.shape
         (slice(0, 100, None), torch.Size([100, 100]))
+        >>> dist.destroy_process_group()  # the example's own group: later code starts without one
     """
 
     def __init__(self, base: LinearOperator, *, group: dist.ProcessGroup) -> None:
@@ -231,6 +232,7 @@ def shard(op: LinearOperator, group: dist.ProcessGroup | None = None) -> Sharded
         >>> K = lazykern.distributed.shard(kernel(x))
         >>> (K @ torch.ones(1000, 2, dtype=torch.float64)).shape
         torch.Size([1000, 2])
+        >>> dist.destroy_process_group()  # the example's own group: later code starts without one
     """
     if isinstance(op, LazyEvaluatedKernelTensor):
         op = op.evaluate_kernel()

@@ -101,7 +101,7 @@ class StationaryFormula:
     additive: bool = False
     nu: float | None = None
 
-    #: Whether k(x, x') = k(x', x), so that dk(x_j, x_i)/dx_i = dk(x_i, x_j)/dx_i: the engines then
+    #: True when k(x, x') = k(x', x), so that dk(x_j, x_i)/dx_i = dk(x_i, x_j)/dx_i and the engines
     #: fuse the gradients for both sides of K(X, X) into one reduction of one derivative.
     symmetric = True
 
