@@ -144,6 +144,7 @@ def test_batch_shape(engine):
     assert_close(kernel(x1, x1, diag=True), reference_of(kernel, x1, x1, diag=True))
 
 
+@pytest.mark.slow
 def test_keops_batch_product():
     kernel = make_kernel("rbf", "additive-ard-scales", batch_shape=torch.Size([2]))
     x1, x2 = _inputs(2)
