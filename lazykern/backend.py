@@ -117,7 +117,8 @@ def symmetric_gradients(
     formulas, as below).
 
     For a symmetric formula (``formula.symmetric``: :math:`k(u, v) = k(v, u)`, stationary or not),
-    :math:`\partial k(u, v)/\partial v = \partial k(v, u)/\partial v` (first argument), so with :math:`g_{ij} = \partial k(x_i, x_j)/\partial x_i` the gradients are
+    :math:`\partial k(u, v)/\partial v = \partial k(v, u)/\partial v` (first argument), so with
+    :math:`g_{ij} = \partial k(x_i, x_j)/\partial x_i` the gradients are
     :math:`\sum_j \langle l_i, r_j\rangle g_{ij}` for ``x1`` and :math:`\sum_j \langle r_i, l_j\rangle g_{ij}`
     for ``x2``: reductions over j of the same derivative. When ``x1`` *is* ``x2`` (one tensor), one
     output carries their sum. The parameter gradients ride along in the same reduction

@@ -1,8 +1,9 @@
 """Memory: exact GPs with interaction kernels train on the CG path at N=5000, d=20 in O(N d) memory.
 
 Default engine: lazykern's CPU engine for CPU tensors (KeOps runs the same formulas on GPUs). On
-KeOps' CPU code the OAK run peaked at 436 MB (measured before the CPU engine became the default;
-Newton-Girard and groups stayed under 300 MB there too).
+KeOps' CPU code the OAK run peaked at 436 MB (measured before the CPU engine became the default,
+and before OAK's KeOps gradient became one fused reduction instead of four; Newton-Girard and
+groups stayed under 300 MB there too).
 """
 
 from __future__ import annotations
