@@ -24,6 +24,8 @@ needs no data.
 
 import math
 
+import lazykern  # noqa: I001 - first: it hides a dependency's import-time notice (lazykern/__init__.py)
+
 import gpytorch
 import matplotlib
 
@@ -33,7 +35,6 @@ import torch  # noqa: E402
 
 from tqdm.auto import tqdm  # noqa: E402
 
-import lazykern  # noqa: E402
 from _common import load, output, training_parser  # noqa: E402
 from lazykern.regression import build_model, gaussian_metrics, predict, train  # noqa: E402
 

@@ -11,11 +11,12 @@ Data: --data-dir, else $LAZYKERN_DATA, else downloaded once (checksum-verified) 
 ~/.cache/lazykern/uci; DATASET "synthetic" needs no data.
 """
 
+import lazykern  # noqa: I001 - first: it hides a dependency's import-time notice (lazykern/__init__.py)
+
 import gpytorch
 import numpy as np
 import torch
 
-import lazykern
 from _common import load, output, training_parser
 from lazykern.regression import ExactGPRegressor, gaussian_metrics, predict, train
 

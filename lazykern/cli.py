@@ -36,7 +36,6 @@ import math
 import os
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Iterator, NoReturn, Sequence, TextIO
 
@@ -215,17 +214,12 @@ def _library_output(verbose: bool) -> Iterator[None]:
     # KeOps prints with print(): its CUDA status when it is imported, a notice whenever it compiles a
     # formula. stdout carries the command's report alone (it is read, piped and parsed), so those
     # messages go to stderr with --verbose and nowhere otherwise.
-    with warnings.catch_warnings():
-        # linear_operator 0.6 scripts its CG with torch.jit.script when imported, which torch >= 2.14
-        # deprecates with a FutureWarning on every run: noise about a dependency that no user of the
-        # command can act on (and it broke --quiet's promise of an empty stderr).
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
-        if verbose:
-            with contextlib.redirect_stdout(sys.stderr):
-                yield
-        else:
-            with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
-                yield
+    if verbose:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    else:
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+            yield
 
 
 def _device(choice: str):

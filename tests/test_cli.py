@@ -10,6 +10,8 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +31,9 @@ HEAVY = ("torch", "gpytorch", "linear_operator", "pykeops", "keopscore", "numpy"
 def run_cli(args, env_extra=None, use_script=False, timeout=600, python_flags=()):
     env = {k: v for k, v in os.environ.items() if k != "LAZYKERN_DATA"}
     env.update(env_extra or {})
-    script = shutil.which("lazykern") if use_script else None
+    # the script installed with the interpreter running the tests, not whichever one PATH finds first
+    installed = Path(sysconfig.get_path("scripts")) / "lazykern"
+    script = (str(installed) if installed.is_file() else shutil.which("lazykern")) if use_script else None
     command = [script] if script else [sys.executable, *python_flags, "-m", "lazykern.cli"]
     return subprocess.run(command + list(args), capture_output=True, text=True, env=env, timeout=timeout)
 
