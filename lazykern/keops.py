@@ -62,6 +62,7 @@ import contextlib
 import hashlib
 import os
 import platform
+import re
 import sys
 import threading
 import warnings
@@ -308,7 +309,16 @@ class _LazykernLoader:
             from pykeops.common.keops_io.LoadKeOps_cpp import LoadKeOps_cpp_class
 
             with _keops_configured(flags):
-                loaded = LoadKeOps_cpp_class(*args)
+                try:
+                    loaded = LoadKeOps_cpp_class(*args)
+                except ImportError as err:
+                    # A compile killed while writing its module leaves it truncated; KeOps would
+                    # then fail on it forever. Inside the lock no one is writing it: rebuild once.
+                    broken = _truncated_module(err)
+                    if broken is None:
+                        raise
+                    os.remove(broken)
+                    loaded = LoadKeOps_cpp_class(*args)
             self._loaded[key] = loaded
         return loaded
 
@@ -318,6 +328,12 @@ class _LazykernLoader:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._keops_loader, name)
+
+
+def _truncated_module(err: ImportError) -> str | None:
+    """The compiled module an ``ImportError`` says is truncated or not a shared library, if any."""
+    match = re.match(r"(.+\.so): (file too short|invalid ELF header)", str(err))
+    return match.group(1) if match and os.path.isfile(match.group(1)) else None
 
 
 @contextlib.contextmanager
