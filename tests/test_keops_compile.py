@@ -119,6 +119,36 @@ def test_flags_and_folder_follow_the_environment(monkeypatch, tmp_path):
     assert lk.compile_flags() in (lk.FAST_FLAGS, "")
 
 
+def test_a_truncated_compiled_module_is_rebuilt_once(monkeypatch, tmp_path):
+    # A compile killed while writing its module leaves a 0-byte .so that KeOps fails to import on
+    # every later run; the loader deletes it (under the compile lock) and loads, i.e. rebuilds, once.
+    from pykeops.common.keops_io import LoadKeOps_cpp
+
+    monkeypatch.setenv(lk.CACHE_ENV, str(tmp_path))
+    module = os.path.join(lk.build_folder(), "pykeops_cpp_0123456789.cpython-311-x86_64-linux-gnu.so")
+    os.makedirs(os.path.dirname(module), exist_ok=True)
+    open(module, "wb").close()
+    calls = []
+
+    def load(*args):
+        calls.append(os.path.exists(module))
+        if os.path.exists(module):
+            raise ImportError(f"{module}: file too short")
+        return "loaded"
+
+    monkeypatch.setattr(LoadKeOps_cpp, "LoadKeOps_cpp_class", load)
+    loader = lk._LazykernLoader(keops_loader=None, lazykern_builds=True)
+    assert loader("formula", {lk._MARK: lk.compile_flags()}) == "loaded"
+    assert calls == [True, False]
+
+    def other_failure(*args):
+        raise ImportError("libcuda.so: cannot open shared object file")
+
+    monkeypatch.setattr(LoadKeOps_cpp, "LoadKeOps_cpp_class", other_failure)
+    with pytest.raises(ImportError, match="libcuda"):  # anything else is not ours to repair
+        lk._LazykernLoader(keops_loader=None, lazykern_builds=True)("formula 2", {lk._MARK: lk.compile_flags()})
+
+
 def test_precompile_rejects_bad_arguments():
     kernel = lazykern.AdditiveStructureKernel(lazykern.RBFKernel(), num_dims=3)
     with pytest.raises(TypeError, match="kernel"):
