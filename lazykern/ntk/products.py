@@ -123,11 +123,12 @@ def _block_rows(n: int, symmetric: bool) -> list[slice]:
     return [slice(s, min(n, s + step)) for s in range(0, n, step)]
 
 
-def _runs(blocks: list[slice], per_sample_bytes: int, symmetric: bool) -> Iterator[tuple[slice, int]]:
-    """Runs of rows within the row blocks that stay near the block budget, each with its first column."""
+def _runs(blocks: list[slice], per_sample_bytes: int) -> Iterator[tuple[slice, int]]:
+    """Runs of rows within the row blocks that stay near the block budget, each with its first
+    column: its block's first row (0 unless the block is symmetric, which is one block of all rows)."""
     for block in blocks:
         for rows in _chunks(block.stop - block.start, per_sample_bytes):
-            yield slice(block.start + rows.start, block.start + rows.stop), block.start if symmetric else 0
+            yield slice(block.start + rows.start, block.start + rows.stop), block.start
 
 
 def dense(f1: list[Term], f2: list[Term], mode: str) -> Tensor:
@@ -159,16 +160,12 @@ def dense(f1: list[Term], f2: list[Term], mode: str) -> Tensor:
         elif key == "explicit":
             for i in idx:  # trace mode: rows are samples, (k P) features; full mode: (sample, output), P
                 e1, e2 = (f.e.reshape(f.e.shape[0] * r, -1) for f in (f1[i], f2[i]))
-                for rows in blocks:
-                    start = rows.start if symmetric else 0
-                    target = flat[rows.start * r : rows.stop * r, start * r :]
-                    if target.requires_grad or e1.requires_grad or e2.requires_grad:
-                        target += e1[rows.start * r : rows.stop * r] @ e2[start * r :].T
-                    else:
-                        target.addmm_(e1[rows.start * r : rows.stop * r], e2[start * r :].T)
+                for rows in blocks:  # columns from the block's first row: 0 unless symmetric
+                    rs = slice(rows.start * r, rows.stop * r)
+                    flat[rs, rows.start * r :].addmm_(e1[rs], e2[rows.start * r :].T)
         elif mode == "full":  # per term: the first factor per token pair, then the cotangents
             for i in idx:
-                _dense_full_implicit(f1[i], f2[i], blocks, symmetric, add)
+                _dense_full_implicit(f1[i], f2[i], blocks, add)
         else:  # trace mode: token rows (sample, token), in blocks of rows: one sample's can be large
             t = key
             x1, formula = _rows([f1[i] for i in idx], mode)
@@ -185,7 +182,7 @@ def dense(f1: list[Term], f2: list[Term], mode: str) -> Tensor:
     return out.reshape(n1 * r, n2 * r)
 
 
-def _dense_full_implicit(t1: Implicit, t2: Implicit, blocks: list[slice], symmetric: bool, add) -> None:
+def _dense_full_implicit(t1: Implicit, t2: Implicit, blocks: list[slice], add) -> None:
     r"""Full-mode block of one implicit term: :math:`S = s(a_{it}, a'_{ju})` per token pair (the
     engine), :math:`Y_{it,j} = \sum_u S_{it,ju}\, g'_{j\cdot u}`, then
     :math:`\sum_t \langle g_{iot}, Y_{it,jq}\rangle`: :math:`T^2 F + T^2 k H + T k^2 H` per sample pair
@@ -196,7 +193,7 @@ def _dense_full_implicit(t1: Implicit, t2: Implicit, blocks: list[slice], symmet
     similarity = NTKFormula((NTKPart((0, f), None, t1.similarity),))
     a2 = t2.a.reshape(n2 * t, f)
     g2 = t2.g.permute(0, 2, 1, 3).reshape(n2, t, k * h)  # (sample, token, output x width)
-    for rows, start in _runs(blocks, (t * n2 * t + 3 * t * n2 * k * h) * item, symmetric):
+    for rows, start in _runs(blocks, (t * n2 * t + 3 * t * n2 * k * h) * item):
         m, rest = rows.stop - rows.start, n2 - start
         if t == 1:  # one token: S times the (sample, output) Gram of the cotangents
             s = backend.pairwise_dense(similarity, t1.a[rows, 0], t2.a[start:, 0], {})
