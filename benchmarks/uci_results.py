@@ -279,7 +279,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
     parser.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
-    parser.add_argument("--splits", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--splits", nargs="+", type=int, default=None, help="default: 0 1 2 (0 with --full)")
     parser.add_argument("--n-train", type=int, default=2000)
     parser.add_argument("--full", action="store_true", help="use every training point (split 0 unless --splits)")
     parser.add_argument("--seed", type=int, default=0)
@@ -294,6 +294,8 @@ def main() -> None:
     parser.add_argument("--render-only", action="store_true", help="only rewrite the tables from the records")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.splits is None:
+        args.splits = [0] if args.full else [0, 1, 2]
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return

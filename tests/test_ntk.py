@@ -463,6 +463,43 @@ def test_features_of_a_large_operator_are_not_kept_by_dense_blocks() -> None:
     assert len(K.cache._entries) == 1
 
 
+@pytest.mark.parametrize("case", ["cnn", "encoder"])
+def test_dense_blocks_in_sample_tiles_match_and_differentiate(case: str, monkeypatch) -> None:
+    """Tiles (forced here: 3 blocks per side) give the same block and input gradients as one pass."""
+    import lazykern.ntk.operator as operator
+
+    monkeypatch.setattr(operator, "dense_blocks", lambda *args: (3, True))
+    model, x1, x2 = build(case, n1=7, n2=4)
+    for mode in ("full", "trace"):
+        for cols in (None, x2):  # the same samples (upper tiles, mirrored) and two sample sets
+            expected = reference(model, x1, x1 if cols is None else cols, mode)
+            assert_close(empirical_ntk(model, x1, cols, mode=mode, backend="dense").to_dense(), expected)
+    if x1.is_floating_point():
+        x = x1.clone().requires_grad_(True)
+        weights = torch.randn(reference(model, x1, x1, "full").shape, dtype=DT)
+        (empirical_ntk(model, x, mode="full").to_dense() * weights).sum().backward()
+        xr = x1.clone().requires_grad_(True)
+        (reference(model, xr, xr, "full") * weights).sum().backward()
+        assert_close(x.grad, xr.grad)
+
+
+def test_tile_rule() -> None:
+    """Tiles when features exceed a quarter of the block (forced beyond ``max_dense_bytes``), kept
+    only when re-extracting the column blocks costs at most a tenth of the block's time."""
+    from lazykern import settings
+    from lazykern.ntk.plan import dense_blocks, tiles_pay_off
+
+    model, x1, _ = build("cnn", n1=8)
+    plan = empirical_ntk(model, x1, plan=True)
+    assert dense_blocks(plan, 8, 8, True) == (1, False)
+    with settings.max_dense_bytes(plan.feature_bytes(8) // 2):
+        blocks, forced = dense_blocks(plan, 8, 8, True)
+    assert forced and blocks >= 3  # two of three blocks held: 2/3 of the features
+    cpu = torch.device("cpu")
+    assert tiles_pay_off(plan, 8, 8, True, 4, 0.0, cpu)
+    assert not tiles_pay_off(plan, 8, 8, True, 4, 1.0, cpu)
+
+
 # ----------------------------------------------------------------------------- bad input
 class Flaky(nn.Module):
     """Raises on its third forward call: the first two are the probes, the error hits extraction."""

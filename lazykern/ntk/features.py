@@ -362,12 +362,17 @@ def _cotangents(net: Network, out: Tensor, wanted: list[Tensor], differentiable:
     few large operations, but operations without a batching rule fall back to slow loops, 8x
     slower than plain passes for a global average pool in measurements) or ``k`` plain backward
     passes. The second and third sample batches each measure one way (the first warms up what
-    either loads on first use); later batches take the faster.
+    either loads on first use); later batches take the faster. With a graph (``differentiable``)
+    always the plain passes: the batched double backward lacks batching rules for some layers
+    (a group norm's, for one).
     """
     k, n = out.shape[1], out.shape[0]
     eye = torch.eye(k, dtype=out.dtype, device=out.device)
     calls = net.backward_calls
-    way = ("loop", "batched", "loop")[calls] if calls < 3 else min(net.backward_seconds, key=net.backward_seconds.get)
+    if differentiable:
+        way = "loop"
+    else:
+        way = ("loop", "batched", "loop")[calls] if calls < 3 else min(net.backward_seconds, key=net.backward_seconds.get)
     if out.device.type == "cuda":
         torch.cuda.synchronize(out.device)
     start = time.perf_counter()
@@ -384,9 +389,10 @@ def _cotangents(net: Network, out: Tensor, wanted: list[Tensor], differentiable:
         grads = [None if gs[0] is None else torch.stack(gs, dim=1).transpose(0, 1) for gs in zip(*per_output)]
     if out.device.type == "cuda":
         torch.cuda.synchronize(out.device)
-    if 1 <= calls < 3:
-        net.backward_seconds[way] = (time.perf_counter() - start) / n
-    net.backward_calls += 1
+    if not differentiable:
+        if 1 <= calls < 3:
+            net.backward_seconds[way] = (time.perf_counter() - start) / n
+        net.backward_calls += 1
     return grads
 
 

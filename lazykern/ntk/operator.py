@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 import weakref
 from typing import Any, Mapping
 
@@ -16,13 +17,24 @@ from ..validation import check_samples
 from . import features as feat
 from . import products
 from .linearized import linearized_matmul
-from .plan import NTKPlan, apply_forms, choose_backend
+from .plan import NTKPlan, apply_forms, choose_backend, dense_blocks, tiles_pay_off
 from .terms import Term, index_terms, terms_bytes
 
 __all__ = ["NTKOperator", "empirical_ntk", "MODES", "BACKENDS"]
 
 MODES = ("full", "trace")
 BACKENDS = ("auto", "keops", "dense", "linearized")
+
+
+def _clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _split(n: int, blocks: int) -> list[slice]:
+    step = -(-n // blocks)
+    return [slice(s, min(n, s + step)) for s in range(0, n, step)]
 
 
 class _FeatureCache:
@@ -256,26 +268,41 @@ class NTKOperator(LinearOperator):
         return blocks[0] if not self.batch_shape else torch.stack(blocks).reshape(self.shape)
 
     def _dense_item(self, item: tuple, x1: Tensor, x2: Tensor, differentiable: bool) -> Tensor:
-        """One batch element's block; without cached features, the column side is held in blocks
-        that fit :class:`lazykern.settings.max_dense_bytes` and the rows are streamed."""
+        """One batch element's block: from cached features, or in sample tiles
+        (:func:`~lazykern.ntk.plan.dense_blocks`) that hold one row block's and one column block's
+        features at a time; when both sides are the same samples, only tiles on and above the
+        diagonal are formed, and mirrored."""
         mode, k = self.plan.mode, self._k
-        cached1, cached2 = self._cached(self.x1, item), self._cached(self.x2, item)
+        shared = self._shared(x1, x2)
         n1, n2 = x1.shape[0], x2.shape[0]
-        fits = self.plan.feature_bytes(n1 if self._shared(x1, x2) else n1 + n2) <= settings.max_dense_bytes.value()
-        if (cached1 is not None and cached2 is not None) or fits:
+        cached1, cached2 = self._cached(self.x1, item), self._cached(self.x2, item)
+        cached = not differentiable and cached1 is not None and (shared or cached2 is not None)
+        blocks, forced = (1, False) if cached else dense_blocks(self.plan, n1, n2, shared)
+        first = None
+        if blocks > 1:
+            row_blocks = _split(n1, blocks)
+            start = _clock(self.device)
+            first = feat.extract(self.network, self.tensors, x1[row_blocks[0]], differentiable=differentiable)
+            if not forced and not tiles_pay_off(self.plan, n1, n2, shared, blocks, _clock(self.device) - start,
+                                                self.device):
+                blocks, first = 1, None
+        if blocks == 1:
             f1, f2 = self._both(item, x1, x2, keep=False, differentiable=differentiable)
             return products.dense(f1, f2, mode)
-        per_sample = max(1, self.plan.feature_bytes(1))
-        step = max(1, settings.max_dense_bytes.value() // per_sample)
+        col_blocks = row_blocks if shared else _split(n2, blocks)
         out = torch.zeros(n1 * k, n2 * k, dtype=self.dtype, device=self.device)
-        for start in range(0, n2, step):
-            cols = slice(start, min(n2, start + step))
-            f2 = feat.extract(self.network, self.tensors, x2[cols], differentiable=differentiable)
-
-            def block(rows: slice, f1: list[Term], cols: slice = cols, f2: list[Term] = f2) -> None:
-                out[rows.start * k : rows.stop * k, cols.start * k : cols.stop * k] = products.dense(f1, f2, mode)
-
-            feat.stream(self.network, self.tensors, x1, block, differentiable=differentiable)
+        for i, rows in enumerate(row_blocks):
+            f1 = first if i == 0 else feat.extract(self.network, self.tensors, x1[rows], differentiable=differentiable)
+            first = None
+            for cols in col_blocks[i if shared else 0 :]:
+                same = shared and cols == rows
+                f2 = f1 if same else feat.extract(self.network, self.tensors, x2[cols], differentiable=differentiable)
+                tile = products.dense(f1, f2, mode)
+                r, c = slice(rows.start * k, rows.stop * k), slice(cols.start * k, cols.stop * k)
+                out[r, c] = tile
+                if shared and not same:
+                    out[c, r] = tile.T
+                del f2, tile  # before the next column block is extracted
         return out
 
     def _diagonal(self) -> Tensor:

@@ -16,6 +16,15 @@ rule switches against where the measured times cross (``docs/ntk.rst``).
 
 **Backend of a product** (:func:`choose_backend`, ``backend="auto"``): the smallest predicted time,
 with the throughputs measured on the device (:mod:`lazykern.ntk.throughput`).
+
+**Dense blocks in sample tiles** (:func:`dense_blocks`). Explicit features are per-layer per-sample
+gradients: held for every sample at once they are the whole per-sample Jacobian. A dense block
+whose features would exceed a quarter of the block itself (:data:`TILE_MEMORY_SHARE`; at least one
+extraction batch, and never more than :class:`lazykern.settings.max_dense_bytes`) is formed in
+``B x B`` sample tiles that hold one row block's and one column block's features at a time, the
+column blocks extracted again for every row block. Unless ``max_dense_bytes`` demands them, tiles
+are used only where that repeated extraction adds at most :data:`TILE_EXTRA_WORK` of the block's
+time (:func:`tiles_pay_off`, from the first row block's extraction, timed).
 """
 
 from __future__ import annotations
@@ -26,15 +35,23 @@ from typing import Mapping
 import torch
 
 from .. import settings
+from .features import batch_bytes
 from .rules import FORMS, Piece
 from .throughput import measured_rates
 
-__all__ = ["NTKPlan", "choose_form", "choose_backend", "apply_forms", "KEOPS_CANDIDATE_SECONDS"]
+__all__ = [
+    "NTKPlan", "choose_form", "choose_backend", "apply_forms", "dense_blocks", "tiles_pay_off", "KEOPS_CANDIDATE_SECONDS",
+]
 
 #: ``backend="auto"`` measures and considers KeOps only for products whose pairwise part is
 #: predicted to take longer than this on the torch engine: a KeOps reduction costs a launch of
 #: milliseconds (and, the first time on a machine, a compilation of tens of seconds).
 KEOPS_CANDIDATE_SECONDS = 0.1
+
+#: Features a dense block may hold at once, as a share of the block's own bytes.
+TILE_MEMORY_SHARE = 0.25
+#: Extra feature extraction that sample tiles may add, as a share of the block's predicted work.
+TILE_EXTRA_WORK = 0.1
 
 
 def choose_form(piece: Piece, mode: str, n1: int, n2: int, itemsize: int, shared: bool = False) -> str:
@@ -200,3 +217,32 @@ def choose_backend(plan: NTKPlan, n1: int, n2: int, num_rhs: int, features_cache
             low_rank = sum(p.matmul_macs(mode, n1, n2, num_rhs) for p in plan.pieces if p.form != "implicit")
             times["keops"] = extraction + pairwise / rates.keops + low_rank / rates.dense
     return min(times, key=times.get)
+
+
+def dense_blocks(plan: "NTKPlan", n1: int, n2: int, shared: bool) -> tuple[int, bool]:
+    """Sample blocks per side for a dense ``(n1, n2)`` block by memory (module docstring), and whether
+    :class:`lazykern.settings.max_dense_bytes` demands them (else :func:`tiles_pay_off` decides).
+    1 block holds every feature at once; ``B > 1`` hold one row block's and one column block's."""
+    samples = n1 if shared else n1 + n2
+    features = plan.feature_bytes(samples)
+    k = plan.outputs if plan.mode == "full" else 1
+    cap = settings.max_dense_bytes.value()
+    limit = min(cap, max(batch_bytes(), int(TILE_MEMORY_SHARE * n1 * n2 * k * k * plan.itemsize)))
+    if features <= limit:
+        return 1, False
+    # held at once: two of B blocks of one sample set, or one of B blocks of each of two sets
+    return min(max(n1, n2), -(-(2 if shared else 1) * features // max(1, limit))), features > cap
+
+
+def tiles_pay_off(plan: "NTKPlan", n1: int, n2: int, shared: bool, blocks: int, block_seconds: float,
+                  device: torch.device) -> bool:
+    """Whether extracting the column blocks again adds at most :data:`TILE_EXTRA_WORK` of the block's
+    time, from the measured extraction time of one sample block and the device's pair rate (the
+    extraction is timed rather than predicted: convolution backward passes run far below the rate
+    of the small dense probe network)."""
+    per_sample = block_seconds / -(-n1 // blocks)
+    pairs = n1 * n2 * sum(p.pair_macs(plan.mode) for p in plan.pieces) / measured_rates(device, plan.dtype, keops=False).dense
+    pairs /= 2 if shared else 1  # the mirrored half is copied, not computed
+    seconds = (n1 if shared else n1 + n2) * per_sample + pairs
+    extra = (blocks - 1) * (n1 / 2 if shared else n2) * per_sample  # column blocks extracted again
+    return extra <= TILE_EXTRA_WORK * seconds

@@ -470,8 +470,11 @@ class BatchNormRule(_ChannelRule):
         return isinstance(module, base) and type(module).forward is base.forward
 
     def _normalized(self, x: Tensor) -> Tensor:
+        # written out rather than F.batch_norm: for a single sample, whose strides also read as
+        # channels-last, its CPU double backward returned the input gradient permuted (torch 2.13)
         m = self.module
-        return F.batch_norm(x, m.running_mean, m.running_var, None, None, False, 0.0, m.eps)
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        return (x - m.running_mean.view(shape)) * torch.rsqrt(m.running_var.view(shape) + m.eps)
 
 
 class EmbeddingRule(Rule):
