@@ -220,12 +220,17 @@ def _shares(model, kernel, outer, formula, x, x_dims, params, alpha):
 
 
 def _sobol(kernel: OrthogonalAdditiveKernel, outer, x: Tensor, alpha: Tensor):
-    d, r = kernel.num_dims, kernel.max_degree
-    features = orthogonal_rbf_l2_features(x, kernel.base_kernel.lengthscale, kernel.measure_mean, kernel.measure_std)
+    # in float64: the L2(p) inner products hold exponentials of an input's squared distance from the
+    # measure in lengthscales, which overflow float32 for an outlier (pol has inputs 14 standard
+    # deviations out: every share came out NaN)
+    d, r, dtype = kernel.num_dims, kernel.max_degree, x.dtype
+    x, alpha, outer = x.double(), alpha.double(), torch.as_tensor(outer).double()
+    features = orthogonal_rbf_l2_features(x, kernel.base_kernel.lengthscale.double(), kernel.measure_mean.double(),
+                                          kernel.measure_std.double())
     formula = InteractionFormula(StationaryFormula("rbf"), r, kind="orthogonal-l2")
     binom = torch.tensor([math.comb(d, k) for k in range(1, r + 1)], dtype=x.dtype, device=x.device)
-    lam = ((outer * kernel.outputscale) ** 2 / binom).reshape(1, r)
-    squared_scales = (kernel.term_scales() ** 2).reshape(1, d)
+    lam = ((outer * kernel.outputscale.double()) ** 2 / binom).reshape(1, r)
+    squared_scales = (kernel.term_scales().double() ** 2).reshape(1, d)
 
     def weighted(lam_: Tensor) -> tuple[Tensor, Tensor]:
         lam_ = lam_.clone().requires_grad_(True)
@@ -242,7 +247,8 @@ def _sobol(kernel: OrthogonalAdditiveKernel, outer, x: Tensor, alpha: Tensor):
     first_only[..., 0] = lam[..., 0]
     _, first = weighted(first_only)
     total = per_order.sum()
-    return (per_order / total).reshape(r), (first / total).reshape(d), (totals / total).reshape(d), "sobol"
+    shares = ((per_order / total).reshape(r), (first / total).reshape(d), (totals / total).reshape(d))
+    return (*(t.to(dtype) for t in shares), "sobol")
 
 
 def plot_components(

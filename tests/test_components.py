@@ -127,6 +127,25 @@ def test_sobol_indices_match_their_definition():
         assert abs(float(result.dimension_shares[k]) - norms[(k,)] / total) < 1e-10
 
 
+def test_sobol_indices_of_a_float32_model_with_an_outlier():
+    """An input 14 standard deviations out (pol has them) at lengthscale 0.7: the L2(p) inner
+    products overflow float32 (every share was NaN), so the indices are computed in float64."""
+    d = 4
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(20, d, dtype=torch.float64, generator=generator)
+    y = torch.randn(20, dtype=torch.float64, generator=generator)
+    x[0, 0] = 14.0
+    shares = {}
+    for dtype in (torch.float64, torch.float32):
+        model, _ = build_model(x.to(dtype), y.to(dtype), "oak")
+        model.covar_module.base_kernel.lengthscale = torch.full((d,), 0.7, dtype=dtype)
+        model.eval()
+        with settings.engine("torch"):
+            shares[dtype] = component_analysis(model, grid_size=3).order_shares
+    assert shares[torch.float32].dtype == torch.float32
+    assert float((shares[torch.float32].double() - shares[torch.float64]).abs().max()) < 1e-4
+
+
 def test_plot_and_errors(trained, tmp_path):
     with settings.engine("torch"):
         result = component_analysis(trained["additive-ng"], grid_size=20)
