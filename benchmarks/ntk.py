@@ -32,6 +32,9 @@ Run: ``python benchmarks/ntk.py`` (full sizes; about half an hour on 2 cores) or
 (small sizes, one repeat: checks that everything runs); writes ``benchmarks/results/ntk.json`` and
 ``benchmarks/results/ntk.md``, and the tables ``ntk.rst`` and ``ntk_conv_rule.rst`` that
 ``docs/ntk.rst`` includes (``--quick`` writes only ``ntk_quick.json`` and ``ntk_quick.md``).
+``--note TEXT`` records what else ran on the machine meanwhile (printed above the tables);
+``--render`` rewrites the tables from ``ntk.json``. Without ``--conv-rule`` the last sweep's rows
+are kept.
 """
 
 from __future__ import annotations
@@ -314,12 +317,12 @@ def _seconds(value: float | None) -> str:
     return "not timed" if value is None else f"{value:.3f}"
 
 
-def markdown(rows: list[dict], rule_rows: list[dict], quick: bool) -> str:
+def markdown(rows: list[dict], rule_rows: list[dict], quick: bool, note: str = "") -> str:
     lines = [
         f"float32, {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
         + (" (--quick: small sizes, one repeat)" if quick else "")
         + ". Median wall time (first call in brackets); peak RSS increase over the process after setup."
-        + " The machine was shared with other jobs while this ran, so absolute times are inflated.",
+        + (f" {note}" if note else ""),
         "",
     ]
     for net in NETS:
@@ -384,7 +387,13 @@ def main() -> None:
     parser.add_argument("--conv-rule", action="store_true", help="also time both forms of single convolutions")
     parser.add_argument("--only", nargs="*", choices=list(NETS), help="networks to run")
     parser.add_argument("--methods", nargs="*", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--note", default="", help="what else ran on the machine meanwhile (printed with the tables)")
+    parser.add_argument("--render", action="store_true", help="only rewrite the tables from the JSON results")
     args = parser.parse_args()
+    if args.render:
+        payload = json.loads((RESULTS / "ntk.json").read_text())
+        write(payload, quick=False)
+        return
     cases = QUICK_CASES if args.quick else FULL_CASES
     repeats, timeout = (1, 600) if args.quick else (3, 1800)
     rows = []
@@ -397,18 +406,27 @@ def main() -> None:
             print(json.dumps({k: v for k, v in row.items() if k != "plan"}), flush=True)
             rows.append(row)
     rule_rows = conv_rule(args.quick) if args.conv_rule else []
-    stem = "ntk_quick" if args.quick else "ntk"
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if not rule_rows and not args.quick and (RESULTS / "ntk.json").exists():  # keep the last sweep's
+        rule_rows = json.loads((RESULTS / "ntk.json").read_text()).get("conv_rule", [])
     payload = {"machine": {"processor": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                           "wall_s": time.time() - started}, "rows": rows, "conv_rule": rule_rows}
+                           "wall_s": time.time() - started, "note": args.note}, "rows": rows, "conv_rule": rule_rows}
+    print(write(payload, args.quick))
+
+
+def write(payload: dict, quick: bool) -> str:
+    """Write the JSON results and the tables; return the markdown."""
+    stem = "ntk_quick" if quick else "ntk"
+    rows, rule_rows = payload["rows"], payload["conv_rule"]
+    text = markdown(rows, rule_rows, quick, payload["machine"].get("note", ""))
     (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (RESULTS / f"{stem}.md").write_text(markdown(rows, rule_rows, args.quick))
-    if not args.quick:
+    (RESULTS / f"{stem}.md").write_text(text)
+    if not quick:
         nets_rst, rule_rst = rst(rows, rule_rows)
         (RESULTS / "ntk.rst").write_text(nets_rst)
         if rule_rows:
             (RESULTS / "ntk_conv_rule.rst").write_text(rule_rst)
-    print(markdown(rows, rule_rows, args.quick))
+    return text
 
 
 if __name__ == "__main__":
