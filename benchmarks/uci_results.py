@@ -246,15 +246,20 @@ def render(meta: dict, records: list[dict]) -> None:
     captions = {name: text.format(iters="/".join(sorted({str(r["iters"]) for r in full})) or "?",
                                   cholesky="/".join(sorted({str(r["max_cholesky"]) for r in full})) or "?")
                 for name, text in CAPTIONS.items()}
+    # what a record's "note" says about how it was measured (added by hand to the record)
+    notes = [f"Note on {r['dataset']} / {r['kernel']} / split {r['split']}{' (full)' if r['full'] else ''}: {r['note']}"
+             for r in records if r.get("note")]
     md = ["# UCI results", "", describe(meta, records), ""]
     for name, table in found.items():
         md += [captions[name], ""] + markdown(table) + [""]
+    md += [f"* {n}" for n in notes] + ([""] if notes else [])
     (RESULTS / "uci.md").write_text("\n".join(md))
     text = ["UCI results", "===========", "", describe(meta, records), "",
             "Regenerate with ``python benchmarks/uci_results.py`` (raw records, one per run: "
             "``benchmarks/results/uci.jsonl``).", ""]
     for name, table in found.items():
         text += [captions[name], ""] + rst(table)
+    text += [f"* {n}" for n in notes] + ([""] if notes else [])
     text += [READING, ""]
     DOCS.write_text("\n".join(text))
 
@@ -272,6 +277,13 @@ to the input distribution, which makes its order shares Sobol indices (:doc:`int
 ``rbf-ard`` (lazykern's :class:`lazykern.kernels.RBFKernel`) and ``gpytorch-rbf-ard`` (GPyTorch's)
 are the same full ARD RBF model evaluated by different code, and should agree up to optimization
 noise. Every kernel is trained by the same recipe from the same initialization rule.
+
+The full-training-set tables hold only the kernels run at that size. On pol (N = 13,500, d = 26)
+one marginal-likelihood step (value and gradient, conjugate gradients) measured on the 2-core CPU
+with other jobs running: ARD RBF about 4 s, first-order additive RBF 29-45 s, Newton–Girard over all
+26 orders 53-58 s, OAK 107-110 s, each with a peak resident memory near 1.7 GB (GPyTorch's
+``AdditiveStructureKernel`` would hold 26 × 13,500² floats, 19 GB). At up to 200 steps the
+additive-family runs take hours here; they are for a longer run or a GPU.
 """
 
 
