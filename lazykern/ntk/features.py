@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -32,12 +33,19 @@ from .terms import Term, cat_terms, map_terms, write_terms
 __all__ = ["Unit", "Network", "check_network", "inspect_network", "stream", "extract", "substituted", "piece_terms", "batch_bytes"]
 
 
+#: Samples a batch of the extraction holds at least, within four :func:`batch_bytes`.
+BATCH_SAMPLES = 64
+
+
 def batch_bytes() -> int:
     """Memory a sample batch of the extraction (activations, cotangents, graph) aims for.
 
     Sixteen :class:`lazykern.settings.chunk_bytes` (64 MiB by default): each batch costs a
     forward and a backward pass with per-call overheads of milliseconds, so batches must hold
-    many samples, yet stay far below the features and kernel blocks they feed.
+    many samples, yet stay far below the features and kernel blocks they feed. Networks whose
+    samples are large get up to four times that to reach :data:`BATCH_SAMPLES` samples: at 7
+    samples a batch (a 2-layer Transformer on 32 tokens), the per-batch passes made the N = 128
+    block 1.8x slower than with 64 (``benchmarks/ntk.py``'s networks, measured).
     """
     return 16 * settings.chunk_bytes.value()
 
@@ -74,9 +82,6 @@ class Network:
         dtype: the parameters' dtype.
         trainable: qualified names of the parameters the NTK differentiates.
         work_numel: numbers held per sample while its features are formed.
-        backward_seconds: seconds per sample of each way (``"loop"``, ``"batched"``) to take the
-            ``k`` output cotangents, measured on the second and third sample batches.
-        backward_calls: sample batches whose cotangents have been taken so far.
     """
 
     model: nn.Module
@@ -87,16 +92,15 @@ class Network:
     dtype: torch.dtype  # of the parameters
     trainable: tuple[str, ...]  # qualified parameter names the NTK differentiates
     work_numel: int  # numbers held per sample while its features are formed
-    # seconds per sample of the two ways to take the k output cotangents, measured on first use
-    backward_seconds: dict[str, float] = field(default_factory=dict)
-    backward_calls: int = 0
 
     @property
     def pieces(self) -> list[Piece]:
         return [p for u in self.units for p in u.pieces]
 
     def batch_size(self, total: int, itemsize: int) -> int:
-        return int(min(total, max(1, batch_bytes() // (self.work_numel * itemsize))))
+        per_sample = self.work_numel * itemsize
+        wanted = max(batch_bytes() // per_sample, min(BATCH_SAMPLES, 4 * batch_bytes() // per_sample))
+        return int(min(total, max(1, wanted)))
 
 
 def _trainable_own(module: nn.Module) -> dict[str, Tensor]:
@@ -355,24 +359,39 @@ def _local(params: dict[str, Tensor], layer: str) -> dict[str, Tensor]:
     return {n[len(prefix) :]: t for n, t in params.items() if n.startswith(prefix)}
 
 
+@dataclass
+class _BackwardTiming:
+    """Sample batches taken so far and the measured seconds per sample of each way."""
+
+    calls: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+#: Per network (held weakly) and input kind: timing shared by every operator on that network (a
+#: GP's kernel builds one at every step, a benchmark at every repeat), so the ways are measured once.
+_BACKWARD_TIMING: "weakref.WeakKeyDictionary[nn.Module, dict[tuple, _BackwardTiming]]" = weakref.WeakKeyDictionary()
+
+
 def _cotangents(net: Network, out: Tensor, wanted: list[Tensor], differentiable: bool) -> list[Tensor | None]:
     r""":math:`\partial f_o / \partial z` for every output ``o`` and captured ``z``, ``(k, *z.shape)`` each.
 
     Either one backward pass vectorised over the one-hot output cotangents (``is_grads_batched``:
     few large operations, but operations without a batching rule fall back to slow loops, 8x
     slower than plain passes for a global average pool in measurements) or ``k`` plain backward
-    passes. The second and third sample batches each measure one way (the first warms up what
-    either loads on first use); later batches take the faster. With a graph (``differentiable``)
-    always the plain passes: the batched double backward lacks batching rules for some layers
-    (a group norm's, for one).
+    passes. The second and third sample batches a network meets (in any operator on it) each
+    measure one way (the first warms up what either loads on first use); later batches take the
+    faster. With a graph (``differentiable``) always the plain passes: the batched double backward
+    lacks batching rules for some layers (a group norm's, for one).
     """
     k, n = out.shape[1], out.shape[0]
     eye = torch.eye(k, dtype=out.dtype, device=out.device)
-    calls = net.backward_calls
+    timing = _BACKWARD_TIMING.setdefault(net.model, {}).setdefault(
+        (net.sample_shape, net.input_dtype, net.dtype, out.device.type), _BackwardTiming())
+    calls = timing.calls
     if differentiable:
         way = "loop"
     else:
-        way = ("loop", "batched", "loop")[calls] if calls < 3 else min(net.backward_seconds, key=net.backward_seconds.get)
+        way = ("loop", "batched", "loop")[calls] if calls < 3 else min(timing.seconds, key=timing.seconds.get)
     if out.device.type == "cuda":
         torch.cuda.synchronize(out.device)
     start = time.perf_counter()
@@ -391,8 +410,8 @@ def _cotangents(net: Network, out: Tensor, wanted: list[Tensor], differentiable:
         torch.cuda.synchronize(out.device)
     if not differentiable:
         if 1 <= calls < 3:
-            net.backward_seconds[way] = (time.perf_counter() - start) / n
-        net.backward_calls += 1
+            timing.seconds[way] = (time.perf_counter() - start) / n
+        timing.calls += 1
     return grads
 
 
