@@ -34,7 +34,7 @@ __all__ = ["Unit", "Network", "check_network", "inspect_network", "stream", "ext
 
 
 #: Samples a batch of the extraction holds at least, within four :func:`batch_bytes`.
-BATCH_SAMPLES = 64
+BATCH_SAMPLES = 32
 
 
 def batch_bytes() -> int:
@@ -45,7 +45,8 @@ def batch_bytes() -> int:
     many samples, yet stay far below the features and kernel blocks they feed. Networks whose
     samples are large get up to four times that to reach :data:`BATCH_SAMPLES` samples: at 7
     samples a batch (a 2-layer Transformer on 32 tokens), the per-batch passes made the N = 128
-    block 1.8x slower than with 64 (``benchmarks/ntk.py``'s networks, measured).
+    block 1.8x slower than with 32 to 64; 64 made a small CNN's (37 samples in the budget) slower,
+    so 32 (``benchmarks/ntk.py``'s networks, measured).
     """
     return 16 * settings.chunk_bytes.value()
 
