@@ -43,7 +43,7 @@ def batch_bytes() -> int:
     Sixteen :class:`lazykern.settings.chunk_bytes` (64 MiB by default): each batch costs a
     forward and a backward pass with per-call overheads of milliseconds, so batches must hold
     many samples, yet stay far below the features and kernel blocks they feed. Networks whose
-    samples are large get up to four times that to reach :data:`BATCH_SAMPLES` samples: at 7
+    samples are large get up to four times that to reach ``BATCH_SAMPLES`` samples: at 7
     samples a batch (a 2-layer Transformer on 32 tokens), the per-batch passes made the N = 128
     block 1.8x slower than with 32 to 64; 64 made a small CNN's (37 samples in the budget) slower,
     so 32 (``benchmarks/ntk.py``'s networks, measured).
