@@ -29,6 +29,7 @@ from torch.func import functional_call
 from .. import settings
 from .rules import Capture, FallbackRule, Piece, Rule, rule_for
 from .terms import Term, cat_terms, map_terms, write_terms
+from .throughput import synchronize
 
 __all__ = ["Unit", "Network", "check_network", "inspect_network", "stream", "extract", "substituted", "piece_terms", "batch_bytes"]
 
@@ -393,8 +394,7 @@ def _cotangents(net: Network, out: Tensor, wanted: list[Tensor], differentiable:
         way = "loop"
     else:
         way = ("loop", "batched", "loop")[calls] if calls < 3 else min(timing.seconds, key=timing.seconds.get)
-    if out.device.type == "cuda":
-        torch.cuda.synchronize(out.device)
+    synchronize(out.device)
     start = time.perf_counter()
     if way == "batched":
         grads = list(torch.autograd.grad(out, wanted, grad_outputs=eye.unsqueeze(1).expand(k, n, k),
@@ -407,8 +407,7 @@ def _cotangents(net: Network, out: Tensor, wanted: list[Tensor], differentiable:
         ]
         # samples first in memory, (k, N, ...) as a view: per-sample gradients then read it in place
         grads = [None if gs[0] is None else torch.stack(gs, dim=1).transpose(0, 1) for gs in zip(*per_output)]
-    if out.device.type == "cuda":
-        torch.cuda.synchronize(out.device)
+    synchronize(out.device)
     if not differentiable:
         if 1 <= calls < 3:
             timing.seconds[way] = (time.perf_counter() - start) / n

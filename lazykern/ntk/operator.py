@@ -19,22 +19,12 @@ from . import products
 from .linearized import linearized_matmul
 from .plan import NTKPlan, apply_forms, choose_backend, dense_blocks, tiles_pay_off
 from .terms import Term, index_terms, terms_bytes
+from .throughput import synchronize
 
 __all__ = ["NTKOperator", "empirical_ntk", "MODES", "BACKENDS"]
 
 MODES = ("full", "trace")
 BACKENDS = ("auto", "keops", "dense", "linearized")
-
-
-def _clock(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
-def _split(n: int, blocks: int) -> list[slice]:
-    step = -(-n // blocks)
-    return [slice(s, min(n, s + step)) for s in range(0, n, step)]
 
 
 class _FeatureCache:
@@ -280,16 +270,18 @@ class NTKOperator(LinearOperator):
         blocks, forced = (1, False) if cached else dense_blocks(self.plan, n1, n2, shared)
         first = None
         if blocks > 1:
-            row_blocks = _split(n1, blocks)
-            start = _clock(self.device)
+            row_blocks = products.split(n1, blocks)
+            synchronize(self.device)
+            start = time.perf_counter()
             first = feat.extract(self.network, self.tensors, x1[row_blocks[0]], differentiable=differentiable)
-            if not forced and not tiles_pay_off(self.plan, n1, n2, shared, blocks, _clock(self.device) - start,
+            synchronize(self.device)
+            if not forced and not tiles_pay_off(self.plan, n1, n2, shared, blocks, time.perf_counter() - start,
                                                 self.device):
                 blocks, first = 1, None
         if blocks == 1:
             f1, f2 = self._both(item, x1, x2, keep=False, differentiable=differentiable)
             return products.dense(f1, f2, mode)
-        col_blocks = row_blocks if shared else _split(n2, blocks)
+        col_blocks = row_blocks if shared else products.split(n2, blocks)
         out = torch.zeros(n1 * k, n2 * k, dtype=self.dtype, device=self.device)
         for i, rows in enumerate(row_blocks):
             f1 = first if i == 0 else feat.extract(self.network, self.tensors, x1[rows], differentiable=differentiable)

@@ -219,7 +219,7 @@ def choose_backend(plan: NTKPlan, n1: int, n2: int, num_rhs: int, features_cache
     return min(times, key=times.get)
 
 
-def dense_blocks(plan: "NTKPlan", n1: int, n2: int, shared: bool) -> tuple[int, bool]:
+def dense_blocks(plan: NTKPlan, n1: int, n2: int, shared: bool) -> tuple[int, bool]:
     """Sample blocks per side for a dense ``(n1, n2)`` block by memory (module docstring), and whether
     :class:`lazykern.settings.max_dense_bytes` demands them (else :func:`tiles_pay_off` decides).
     1 block holds every feature at once; ``B > 1`` hold one row block's and one column block's."""
@@ -234,7 +234,7 @@ def dense_blocks(plan: "NTKPlan", n1: int, n2: int, shared: bool) -> tuple[int, 
     return min(max(n1, n2), -(-(2 if shared else 1) * features // max(1, limit))), features > cap
 
 
-def tiles_pay_off(plan: "NTKPlan", n1: int, n2: int, shared: bool, blocks: int, block_seconds: float,
+def tiles_pay_off(plan: NTKPlan, n1: int, n2: int, shared: bool, blocks: int, block_seconds: float,
                   device: torch.device) -> bool:
     """Whether extracting the column blocks again adds at most :data:`TILE_EXTRA_WORK` of the block's
     time, from the measured extraction time of one sample block and the device's pair rate (the

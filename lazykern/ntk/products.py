@@ -118,9 +118,14 @@ def _groups(terms: list[Term]) -> dict[object, list[int]]:
 SYMMETRIC_BLOCKS = 8
 
 
-def _block_rows(n: int, symmetric: bool) -> list[slice]:
-    step = -(-n // min(n, SYMMETRIC_BLOCKS)) if symmetric else n
+def split(n: int, blocks: int) -> list[slice]:
+    """``n`` samples in (at most) ``blocks`` runs of equal length, the last one shorter."""
+    step = -(-n // blocks)
     return [slice(s, min(n, s + step)) for s in range(0, n, step)]
+
+
+def _block_rows(n: int, symmetric: bool) -> list[slice]:
+    return split(n, SYMMETRIC_BLOCKS if symmetric else 1)
 
 
 def _runs(blocks: list[slice], per_sample_bytes: int) -> Iterator[tuple[slice, int]]:

@@ -43,19 +43,20 @@ _cache: dict[tuple, Rates] = {}
 _lock = threading.Lock()
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA), so that a wall clock measures it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def _rate(work: float, fn: Callable[[], object], device: torch.device) -> float:
     fn()
-    _sync(device)
+    synchronize(device)
     times = []
     for _ in range(3):
         start = time.perf_counter()
         fn()
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return work / max(statistics.median(times), 1e-9)
 
