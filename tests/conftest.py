@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import gpytorch
 import numpy as np
 import pytest
 import torch
@@ -188,3 +189,15 @@ def uci_mirror(uci_fixture: UCIFixture, tmp_path: Path, monkeypatch: pytest.Monk
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _gpytorch_kernels_stay_lazy() -> Iterator[None]:
+    """GPyTorch's settings are process-wide; a test that leaves lazily_evaluate_kernels off (e.g.
+    by entering it from several threads at once) changes what kernel(x) returns in every later test
+    of its worker. Fail the leaking test instead of a later, unrelated one."""
+    flag = gpytorch.settings.lazily_evaluate_kernels
+    before = flag._state
+    yield
+    left, flag._state = flag._state, before
+    assert left == before, f"this test left gpytorch's lazily_evaluate_kernels at {left!r} (restored to {before!r})"

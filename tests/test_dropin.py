@@ -236,12 +236,19 @@ def test_dense_cache_is_thread_safe():
     expected = [reference_of(kernel, x, x).detach().sum(-1) for x in xs]
     errors, results = [], [None] * 8
     budget = 3 * 50 * 50 * 8
+    # GPyTorch's settings are process-wide, not per thread: evaluate_kernel enters
+    # lazily_evaluate_kernels(False), and eight threads entering and leaving it at once can leave
+    # it off for every later test in this process. So each kernel(x) is evaluated here, once
+    # (GPyTorch caches it); the threads then share only lazykern's dense cache, the subject.
+    operators = [kernel(x) for x in xs]
+    for op in operators:
+        op.evaluate_kernel()
 
     def work(i):
         try:
             with settings.engine("torch"), settings.max_dense_bytes(budget), torch.no_grad():
                 for _ in range(20):
-                    results[i] = kernel(xs[i]) @ torch.ones(50, dtype=F64)
+                    results[i] = operators[i] @ torch.ones(50, dtype=F64)
                     assert DENSE_CACHE.held(xs[i].device) <= budget
         except BaseException as err:  # noqa: BLE001 - reported by the main thread
             errors.append(err)
