@@ -483,6 +483,40 @@ def test_dense_blocks_in_sample_tiles_match_and_differentiate(case: str, monkeyp
         assert_close(x.grad, xr.grad)
 
 
+@pytest.mark.parametrize("case", ["cnn", "encoder"])
+def test_sample_batches_reuse_cotangent_buffers(case: str, monkeypatch) -> None:
+    """Batches of 3, 3 and 1 samples share the stacked-cotangent buffers of their stream; every
+    batch's features are used before the next batch overwrites them (the diagonal of two sample
+    sets streams the second set inside the first's callback)."""
+    from lazykern.ntk import features
+
+    timing = features._BackwardTiming  # the plain backward passes, which stack into the buffers
+    monkeypatch.setattr(features, "_BackwardTiming", lambda: timing(3, {"loop": 0.0, "batched": 1.0}))
+    monkeypatch.setattr(features.Network, "batch_size", lambda self, total, itemsize: 3)
+    model, x1, x2 = build(case, n1=7, n2=7)
+    for mode in ("full", "trace"):
+        expected = reference(model, x1, x2, mode)
+        K = empirical_ntk(model, x1, x2, mode=mode, backend="dense")
+        assert_close(K.to_dense(), expected)
+        assert_close(K.diagonal(), expected.diagonal())
+        assert_close(K @ torch.ones(expected.shape[1], dtype=DT), expected.sum(1))
+
+
+def test_batch_floor_stops_below_the_fresh_allocation_size() -> None:
+    """Raising a batch towards BATCH_SAMPLES stops where one captured output's stacked cotangents
+    would pass FLOOR_TENSOR_BYTES (a 64-channel 26 x 26 map: 1.7 MB a sample in float32), not below
+    the budget's own batch; many small captures still reach BATCH_SAMPLES."""
+    from lazykern.ntk.features import BATCH_SAMPLES, FLOOR_TENSOR_BYTES, batch_bytes
+
+    conv = nn.Sequential(nn.Conv2d(1, 64, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+    net = empirical_ntk(conv, torch.randn(4, 1, 28, 28)).network
+    size = net.batch_size(1024, 4)
+    assert size * net.largest_numel * 4 <= FLOOR_TENSOR_BYTES < (size + 1) * net.largest_numel * 4
+    assert batch_bytes() // (net.work_numel * 4) < size < BATCH_SAMPLES
+    mlp = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 3))
+    assert empirical_ntk(mlp, torch.randn(4, 8)).network.batch_size(1024, 4) >= BATCH_SAMPLES
+
+
 def test_tile_rule() -> None:
     """Tiles when features exceed a quarter of the block (forced beyond ``max_dense_bytes``), kept
     only when re-extracting the column blocks costs at most a tenth of the block's time."""

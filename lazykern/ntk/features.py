@@ -37,6 +37,12 @@ __all__ = ["Unit", "Network", "check_network", "inspect_network", "stream", "ext
 #: Samples a batch of the extraction holds at least, within four :func:`batch_bytes`.
 BATCH_SAMPLES = 32
 
+#: The largest single tensor that raising a batch to ``BATCH_SAMPLES`` may create. glibc's malloc
+#: maps a block above 32 MiB (its largest mmap threshold) fresh from the OS at every allocation,
+#: and every first write to a page faults: for ``Conv(1->64) -> GAP`` at N = 64 (one 55 MiB stack
+#: of cotangents per batch of 32) the block took 0.12 s with 32 samples a batch, 0.073 s with 20.
+FLOOR_TENSOR_BYTES = 32 * 2**20
+
 
 def batch_bytes() -> int:
     """Memory a sample batch of the extraction (activations, cotangents, graph) aims for.
@@ -47,7 +53,8 @@ def batch_bytes() -> int:
     samples are large get up to four times that to reach ``BATCH_SAMPLES`` samples: at 7
     samples a batch (a 2-layer Transformer on 32 tokens), the per-batch passes made the N = 128
     block 1.8x slower than with 32 to 64; 64 made a small CNN's (37 samples in the budget) slower,
-    so 32 (``benchmarks/ntk.py``'s networks, measured).
+    so 32 (``benchmarks/ntk.py``'s networks, measured). That raise stops where one captured
+    output's stacked cotangents would exceed ``FLOOR_TENSOR_BYTES``.
     """
     return 16 * settings.chunk_bytes.value()
 
@@ -84,6 +91,8 @@ class Network:
         dtype: the parameters' dtype.
         trainable: qualified names of the parameters the NTK differentiates.
         work_numel: numbers held per sample while its features are formed.
+        largest_numel: numbers per sample of the largest single tensor every batch forms: a
+            captured output's stacked cotangents (features depend on the forms chosen later).
     """
 
     model: nn.Module
@@ -94,6 +103,7 @@ class Network:
     dtype: torch.dtype  # of the parameters
     trainable: tuple[str, ...]  # qualified parameter names the NTK differentiates
     work_numel: int  # numbers held per sample while its features are formed
+    largest_numel: int  # numbers per sample of the largest stacked cotangents
 
     @property
     def pieces(self) -> list[Piece]:
@@ -101,8 +111,9 @@ class Network:
 
     def batch_size(self, total: int, itemsize: int) -> int:
         per_sample = self.work_numel * itemsize
-        wanted = max(batch_bytes() // per_sample, min(BATCH_SAMPLES, 4 * batch_bytes() // per_sample))
-        return int(min(total, max(1, wanted)))
+        budget = batch_bytes() // per_sample
+        floor = min(BATCH_SAMPLES, 4 * batch_bytes() // per_sample, FLOOR_TENSOR_BYTES // (self.largest_numel * itemsize))
+        return int(min(total, max(1, budget, floor)))
 
 
 def _trainable_own(module: nn.Module) -> dict[str, Tensor]:
@@ -308,7 +319,7 @@ def inspect_network(model: nn.Module, x: Tensor, tensors: dict[str, Tensor]) -> 
     rules = _reached(model, rules, records, out, call)
     _, records3 = _probe(model, rules, call, x, 3)
     k = out.shape[1]
-    units, work = [], k
+    units, work, largest = [], k, k
     for rule in rules:
         captures = records[rule.layer]
         axes = [_sample_axis(rule, c.label, c.z.shape, c3.z.shape) for c, c3 in zip(captures, records3[rule.layer])]
@@ -319,9 +330,10 @@ def inspect_network(model: nn.Module, x: Tensor, tensors: dict[str, Tensor]) -> 
         for c in captures:
             ctx = sum(t.numel() for t in c.ctx.values() if isinstance(t, Tensor))
             work += (ctx + (k + 2) * c.z.numel()) // 2
+            largest = max(largest, k * c.z.numel() // 2)
     for p in (p for u in units for p in u.pieces):
         work += 2 * max(p.feature_numel(f) for f in p.forms) + p.groups * p.tokens * p.width_in
-    return Network(model, units, k, tuple(x.shape[1:]), x.dtype, dtype, trainable, work)
+    return Network(model, units, k, tuple(x.shape[1:]), x.dtype, dtype, trainable, work, largest)
 
 
 def _reached(model: nn.Module, rules: list[Rule], records: dict, out: Tensor, call: dict[str, Tensor]) -> list[Rule]:
@@ -374,7 +386,9 @@ class _BackwardTiming:
 _BACKWARD_TIMING: "weakref.WeakKeyDictionary[nn.Module, dict[tuple, _BackwardTiming]]" = weakref.WeakKeyDictionary()
 
 
-def _cotangents(net: Network, out: Tensor, wanted: list[Tensor], differentiable: bool) -> list[Tensor | None]:
+def _cotangents(
+    net: Network, out: Tensor, wanted: list[Tensor], differentiable: bool, buffers: dict[int, Tensor] | None = None
+) -> list[Tensor | None]:
     r""":math:`\partial f_o / \partial z` for every output ``o`` and captured ``z``, ``(k, *z.shape)`` each.
 
     Either one backward pass vectorised over the one-hot output cotangents (``is_grads_batched``:
@@ -384,6 +398,11 @@ def _cotangents(net: Network, out: Tensor, wanted: list[Tensor], differentiable:
     measure one way (the first warms up what either loads on first use); later batches take the
     faster. With a graph (``differentiable``) always the plain passes: the batched double backward
     lacks batching rules for some layers (a group norm's, for one).
+
+    The plain passes' gradients are stacked into ``buffers`` (one per captured tensor, reused by
+    every batch of a stream) when given: a fresh stack of a conv layer's cotangents is often above
+    the C allocator's mmap threshold (32 MiB), so each batch paid a page fault per 4 KiB written,
+    about nine times the copy itself in measurements.
     """
     k, n = out.shape[1], out.shape[0]
     eye = torch.eye(k, dtype=out.dtype, device=out.device)
@@ -406,7 +425,8 @@ def _cotangents(net: Network, out: Tensor, wanted: list[Tensor], differentiable:
             for o in range(k)
         ]
         # samples first in memory, (k, N, ...) as a view: per-sample gradients then read it in place
-        grads = [None if gs[0] is None else torch.stack(gs, dim=1).transpose(0, 1) for gs in zip(*per_output)]
+        grads = [None if gs[0] is None else _stack_samples_first(gs, buffers, i)
+                 for i, gs in enumerate(zip(*per_output))]
     synchronize(out.device)
     if not differentiable:
         if 1 <= calls < 3:
@@ -415,15 +435,33 @@ def _cotangents(net: Network, out: Tensor, wanted: list[Tensor], differentiable:
     return grads
 
 
+def _stack_samples_first(grads: tuple[Tensor, ...], buffers: dict[int, Tensor] | None, slot: int) -> Tensor:
+    """The ``k`` gradients ``(N, ...)`` as a ``(k, N, ...)`` view of ``(N, k, ...)`` memory, written into
+    ``buffers[slot]`` (grown when too small; a shorter last batch uses its leading rows)."""
+    n, rest = grads[0].shape[0], grads[0].shape[1:]
+    if buffers is None:
+        return torch.stack(grads, dim=1).transpose(0, 1)
+    g, buf = grads[0], buffers.get(slot)
+    fits = buf is not None and buf.shape[0] >= n and buf.shape[1:] == (len(grads), *rest)
+    if not fits or (buf.dtype, buf.device) != (g.dtype, g.device):
+        buf = buffers[slot] = g.new_empty((n, len(grads), *rest))
+    return torch.stack(grads, dim=1, out=buf[:n]).transpose(0, 1)
+
+
 def _batch_terms(
-    net: Network, recorder: _Recorder, call: dict[str, Tensor], x: Tensor, differentiable: bool
+    net: Network,
+    recorder: _Recorder,
+    call: dict[str, Tensor],
+    x: Tensor,
+    differentiable: bool,
+    buffers: dict[int, Tensor] | None = None,
 ) -> list[list[Term]]:
     k, n = net.num_outputs, x.shape[0]
     out = _flat_outputs(recorder.run(net.model, call, x), n)
     records = recorder.records
     captures = [(u, c) for u in net.units for c in records[u.name]]
     wanted = [c.z for _, c in captures if c.z.requires_grad]
-    grads = iter(_cotangents(net, out, wanted, differentiable))
+    grads = iter(_cotangents(net, out, wanted, differentiable, buffers))
     terms: list[list[Term]] = []
     for u in net.units:
         cots = []
@@ -445,16 +483,21 @@ def stream(
     differentiable: bool = False,
 ) -> None:
     """Call ``consume(rows, terms)`` for each sample batch of ``x``; hooks are removed on return and
-    on error (a callback rather than a generator, so no suspended generator keeps them)."""
+    on error (a callback rather than a generator, so no suspended generator keeps them).
+
+    Without ``differentiable``, the terms of a batch may be views of buffers the next batch
+    overwrites: ``consume`` copies or reduces them before it returns."""
     n = x.shape[0]
     step = net.batch_size(n, torch.empty((), dtype=net.dtype).element_size())
     recorder = _Recorder([u.rule for u in net.units])
     call = call_params(net.model, tensors, net.trainable)
+    buffers: dict[int, Tensor] | None = None if differentiable else {}
     with recorder.recording(), torch.enable_grad():
         for start in range(0, n, step):
             rows = slice(start, min(n, start + step))
             xb = x[rows] if differentiable else x[rows].detach()
-            consume(rows, [t for piece in _batch_terms(net, recorder, call, xb, differentiable) for t in piece])
+            terms = _batch_terms(net, recorder, call, xb, differentiable, buffers)
+            consume(rows, [t for piece in terms for t in piece])
 
 
 def piece_terms(net: Network, tensors: dict[str, Tensor], x: Tensor) -> list[list[Term]]:
