@@ -282,8 +282,10 @@ The full-training-set tables hold only the kernels run at that size. On pol (N =
 one marginal-likelihood step (value and gradient, conjugate gradients) measured on the 2-core CPU
 with other jobs running: ARD RBF about 4 s, first-order additive RBF 29-45 s, Newton–Girard over all
 26 orders 53-58 s, OAK 107-110 s, each with a peak resident memory near 1.7 GB (GPyTorch's
-``AdditiveStructureKernel`` would hold 26 × 13,500² floats, 19 GB). At up to 200 steps the
-additive-family runs take hours here; they are for a longer run or a GPU.
+``AdditiveStructureKernel`` would hold 26 × 13,500² floats, 19 GB). Training steps take longer than
+one such evaluation when conjugate gradients need many iterations: the first-order additive run
+averaged about 45 s a step alone and ran 80 steps, to fit one session; the Newton–Girard and OAK
+rows at this size are for a longer run or a GPU.
 """
 
 
