@@ -112,7 +112,8 @@ class Network:
     def batch_size(self, total: int, itemsize: int) -> int:
         per_sample = self.work_numel * itemsize
         budget = batch_bytes() // per_sample
-        floor = min(BATCH_SAMPLES, 4 * batch_bytes() // per_sample, FLOOR_TENSOR_BYTES // (self.largest_numel * itemsize))
+        largest = self.largest_numel * itemsize
+        floor = min(BATCH_SAMPLES, 4 * batch_bytes() // per_sample, FLOOR_TENSOR_BYTES // largest)
         return int(min(total, max(1, budget, floor)))
 
 
@@ -387,7 +388,7 @@ _BACKWARD_TIMING: "weakref.WeakKeyDictionary[nn.Module, dict[tuple, _BackwardTim
 
 
 def _cotangents(
-    net: Network, out: Tensor, wanted: list[Tensor], differentiable: bool, buffers: dict[int, Tensor] | None = None
+    net: Network, out: Tensor, wanted: list[Tensor], differentiable: bool, buffers: dict[int, Tensor] | None
 ) -> list[Tensor | None]:
     r""":math:`\partial f_o / \partial z` for every output ``o`` and captured ``z``, ``(k, *z.shape)`` each.
 
