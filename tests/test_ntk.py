@@ -517,6 +517,21 @@ def test_batch_floor_stops_below_the_fresh_allocation_size() -> None:
     assert empirical_ntk(mlp, torch.randn(4, 8)).network.batch_size(1024, 4) >= BATCH_SAMPLES
 
 
+def test_small_sets_run_in_one_batch() -> None:
+    """A sample set whose whole extraction fits the raise's ceilings (four batch_bytes, and
+    FLOOR_TENSOR_BYTES for one stacked cotangent) runs as one batch, the fewest operations; a
+    larger set keeps the budget's batches, which bound its memory."""
+    from lazykern.ntk.features import FLOOR_TENSOR_BYTES, batch_bytes
+
+    cnn = nn.Sequential(nn.Conv2d(3, 16, 5, padding=2), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2, padding=1),
+                        nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    net = empirical_ntk(cnn, torch.randn(4, 3, 16, 16)).network
+    whole = min(4 * batch_bytes() // (net.work_numel * 4), FLOOR_TENSOR_BYTES // (net.largest_numel * 4))
+    assert whole >= 128
+    assert net.batch_size(whole, 4) == whole
+    assert net.batch_size(whole + 1, 4) == batch_bytes() // (net.work_numel * 4) < whole
+
+
 def test_tile_rule() -> None:
     """Tiles when features exceed a quarter of the block (forced beyond ``max_dense_bytes``), kept
     only when re-extracting the column blocks costs at most a tenth of the block's time."""
