@@ -532,6 +532,20 @@ def test_small_sets_run_in_one_batch() -> None:
     assert net.batch_size(whole + 1, 4) == batch_bytes() // (net.work_numel * 4) < whole
 
 
+def test_one_batch_keeps_its_own_tensors() -> None:
+    """Features extracted in one batch are kept as formed (no copy), except views into larger
+    storage, which are copied so they do not keep that storage alive."""
+    from lazykern.ntk.terms import Explicit, write_terms
+
+    owned, larger = torch.randn(4, 2, 6), torch.randn(4, 2, 6, 3)
+    kept, copied = write_terms(None, slice(0, 4), [Explicit(owned), Explicit(larger[..., 1])], 4)
+    assert kept.e is owned
+    assert torch.equal(copied.e, larger[..., 1])
+    assert copied.e.untyped_storage().nbytes() == copied.e.numel() * copied.e.element_size()
+    first, = write_terms(None, slice(0, 2), [Explicit(owned[:2])], 4)  # the first of several batches
+    assert first.e.shape == (4, 2, 6) and torch.equal(first.e[:2], owned[:2])
+
+
 def test_tile_rule() -> None:
     """Tiles when features exceed a quarter of the block (forced beyond ``max_dense_bytes``), kept
     only when re-extracting the column blocks costs at most a tenth of the block's time."""
