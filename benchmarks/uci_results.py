@@ -286,7 +286,9 @@ with other jobs running: ARD RBF about 4 s, first-order additive RBF 29-45 s, Ne
 one such evaluation when conjugate gradients need many iterations. The first-order additive run at
 this size had 80 steps, to fit one session (30-45 s a step). Newton–Girard (about 30 s a step) was
 stopped by the plateau rule after 96 steps at a worse optimum than ARD's, although the same kernel
-at ARD's hyperparameters matches ARD (see its note). OAK's row is for a longer run or a GPU.
+at ARD's hyperparameters matches ARD (see its note). These full-set runs judged a plateau over 10
+steps, which stopped too early (its note); the recipe now uses 30, and Newton–Girard's row is to be
+re-run under it. OAK's row is for a longer run or a GPU.
 """
 
 

@@ -41,6 +41,7 @@ from typing import Any, Iterator, NoReturn, Sequence, TextIO
 
 from . import __version__
 from .kernel_names import (
+    ADAM_PLATEAU_WINDOW,
     COMPARE_KERNELS,
     COMPONENT_KERNELS,
     DEFAULT_KERNEL,
@@ -148,7 +149,8 @@ def _build_parser() -> argparse.ArgumentParser:
                          help="initial step: default 1 for L-BFGS (its line search adapts it), 0.1 for Adam")
         sub.add_argument("--tolerance", type=_positive_float, default=DEFAULT_TOLERANCE, metavar="T",
                          help="converged when the loss (nats per training point) changes by less than this per "
-                         f"step: between L-BFGS iterations, over Adam's last 10 steps (default {DEFAULT_TOLERANCE:g})")
+                         f"step: between L-BFGS iterations, over Adam's last {ADAM_PLATEAU_WINDOW} steps (default "
+                         f"{DEFAULT_TOLERANCE:g})")
         sub.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                          help="floating point precision (default float32)")
         sub.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",

@@ -92,7 +92,6 @@ TOP_ORDER_SHARE = 0.9
 
 OPTIMIZERS: tuple[str, ...] = kernel_names.OPTIMIZERS
 """Optimizers of :func:`train`; ``auto`` is L-BFGS on the exact (Cholesky) path, Adam on the CG path."""
-_ADAM_WINDOW = 10
 _ADAM_HALVINGS = 4
 
 
@@ -295,7 +294,8 @@ def train(
       iterations and ``2 iters`` loss evaluations; stops when the loss changes by less than
       ``tolerance`` between iterations. The losses returned are those of every evaluation.
     * ``"adam"``: Adam; whenever the loss improved by less than ``tolerance`` per step over the
-      last 10 steps, the learning rate is halved; stops at the fifth such plateau.
+      last :data:`~lazykern.kernel_names.ADAM_PLATEAU_WINDOW` (30) steps, the learning rate is halved;
+      stops at the fifth such plateau.
     * ``"auto"``: L-BFGS when the likelihood is exact, Adam when it is stochastic (a line search
       needs a deterministic objective). Measured on a 4-dimensional toy problem (120 points,
       float64): L-BFGS converged in 35 loss evaluations to -0.617; Adam at lr 0.1 was at -0.553
@@ -353,7 +353,7 @@ def train(
             opt.step(closure)
         else:
             opt = torch.optim.Adam(parameters, lr=0.1 if lr is None else lr)
-            halvings, since = 0, 0
+            halvings, since, window = 0, 0, kernel_names.ADAM_PLATEAU_WINDOW
             for step in range(iters):
                 opt.zero_grad()
                 loss = objective()
@@ -364,7 +364,7 @@ def train(
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
                 # Plateau: the loss improved by less than `tolerance` per step over the last window
                 # (a window, because the stochastic CG loss is noisy from step to step).
-                if step - since >= _ADAM_WINDOW and losses[-_ADAM_WINDOW - 1] - losses[-1] < tolerance * _ADAM_WINDOW:
+                if step - since >= window and losses[-window - 1] - losses[-1] < tolerance * window:
                     if halvings == _ADAM_HALVINGS:
                         break
                     halvings, since = halvings + 1, step
