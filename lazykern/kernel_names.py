@@ -53,4 +53,5 @@ A likelihood often creeps across a plateau before the lengthscales of the releva
 10-step window took that plateau for convergence. UCI pol, split 0, 3,000 points (conjugate
 gradients), 200 steps at most: ARD RBF stopped after 88 steps at test RMSE 0.280 with 10 steps and
 ran all 200 to 0.121 with 30 (0.120 with no stop at all; L-BFGS on the exact likelihood 0.112);
-Newton–Girard over all orders 0.288 after 71 steps, 0.134 after 200."""
+Newton–Girard over all orders 0.288 after 71 steps, 0.134 after 200. At 5,000 points with 30 steps:
+ARD 0.0958, Newton–Girard 0.0960."""
