@@ -483,6 +483,23 @@ def test_dense_blocks_in_sample_tiles_match_and_differentiate(case: str, monkeyp
         assert_close(x.grad, xr.grad)
 
 
+@pytest.mark.parametrize("case", ["cnn", "encoder", "conv2d"])
+def test_symmetric_block_in_row_blocks_matches(case: str, monkeypatch) -> None:
+    """The block of one sample set fills its upper row blocks and mirrors them: the same as the
+    reference with one row block per sample (forced here) and with the default floor of rows."""
+    from lazykern.ntk import products
+
+    assert [len(products._block_rows(n, r, True)) for n, r in ((5, 1), (128, 1), (1024, 1), (64, 10))] == [1, 2, 8, 8]
+    assert len(products._block_rows(1024, 1, False)) == 1
+    model, x1, _ = build(case, n1=7)
+    for rows in (1, products.MIN_BLOCK_ROWS):
+        monkeypatch.setattr(products, "MIN_BLOCK_ROWS", rows)
+        for mode in ("full", "trace"):
+            for forms in forms_of(model, x1):
+                K = empirical_ntk(model, x1, mode=mode, backend="dense", forms=forms)
+                assert_close(K.to_dense(), reference(model, x1, x1, mode))
+
+
 @pytest.mark.parametrize("case", ["cnn", "encoder"])
 def test_sample_batches_reuse_cotangent_buffers(case: str, monkeypatch) -> None:
     """Batches of 3, 3 and 1 samples share the stacked-cotangent buffers of their stream; every

@@ -116,6 +116,10 @@ def _groups(terms: list[Term]) -> dict[object, list[int]]:
 #: Row blocks of a symmetric block: row block ``I`` is evaluated against columns from its own first
 #: sample on, which skips ``(B - 1) / 2B`` of the pairs (44% with 8), and mirrored at the end.
 SYMMETRIC_BLOCKS = 8
+#: ... but no fewer result rows per block than this: a product of 16 rows against a long feature
+#: axis ran at half the BLAS rate of 64 rows, which cost more than the skipped pairs saved
+#: (trace mode, N = 128: 8 blocks took 1.4-2.8x the time of 2 in measurements).
+MIN_BLOCK_ROWS = 64
 
 
 def split(n: int, blocks: int) -> list[slice]:
@@ -124,8 +128,9 @@ def split(n: int, blocks: int) -> list[slice]:
     return [slice(s, min(n, s + step)) for s in range(0, n, step)]
 
 
-def _block_rows(n: int, symmetric: bool) -> list[slice]:
-    return split(n, SYMMETRIC_BLOCKS if symmetric else 1)
+def _block_rows(n: int, rows_per_sample: int, symmetric: bool) -> list[slice]:
+    blocks = min(SYMMETRIC_BLOCKS, n * rows_per_sample // MIN_BLOCK_ROWS) if symmetric else 1
+    return split(n, max(blocks, 1))
 
 
 def _runs(blocks: list[slice], per_sample_bytes: int) -> Iterator[tuple[slice, int]]:
@@ -140,17 +145,17 @@ def dense(f1: list[Term], f2: list[Term], mode: str) -> Tensor:
     r"""The block :math:`\Theta(x^{(1)}, x^{(2)})`: ``(N1, N2)`` (trace) or ``(N1 k, N2 k)`` (full).
 
     When both sides are the same features (``f1 is f2``) every term fills only row block ``I``
-    against the columns from ``I``'s first sample on (:data:`SYMMETRIC_BLOCKS` row blocks), and the
-    rest is mirrored once at the end. Explicit terms are written by BLAS straight into the result
+    against the columns from ``I``'s first sample on (:data:`SYMMETRIC_BLOCKS` row blocks, fewer
+    for few samples), and the rest is mirrored once at the end. Explicit terms are written by BLAS straight into the result
     (``addmm_`` on its row blocks): no tile is allocated, and with the mirror about half of
     :math:`E E^\top` is computed.
     """
     n1, n2, k = _num(f1), _num(f2), _outputs(f1)
     symmetric = f1 is f2
-    blocks = _block_rows(n1, symmetric)
+    r = k if mode == "full" else 1
+    blocks = _block_rows(n1, r, symmetric)
     ref = f1[0].e if isinstance(f1[0], Explicit) else f1[0].g
     item = ref.element_size()
-    r = k if mode == "full" else 1
     out = ref.new_zeros(n1, r, n2, r)
     flat = out.view(n1 * r, n2 * r)
 
