@@ -320,7 +320,7 @@ def _seconds(value: float | None) -> str:
     return "not timed" if value is None else f"{value:.3f}"
 
 
-def markdown(rows: list[dict], rule_rows: list[dict], quick: bool, note: str = "") -> str:
+def markdown(rows: list[dict], rule_rows: list[dict], quick: bool, note: str = "", rule_run: str = "") -> str:
     lines = [
         f"float32, {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
         + (" (--quick: small sizes, one repeat)" if quick else "")
@@ -344,7 +344,7 @@ def markdown(rows: list[dict], rule_rows: list[dict], quick: bool, note: str = "
     if rule_rows:
         lines += ["**Convolution cost rule**: Conv2d(C→C, 3×3, pad 1) on S×S, the convolution alone trainable, "
                   "whole block on the torch engine; a form predicted to need over 30 times the other's work "
-                  "is not timed.", "",
+                  f"is not timed.{f' Sweep: {rule_run}.' if rule_run else ''}", "",
                   "| C | S | N | mode | implicit/explicit work | implicit (s) | explicit (s) | faster | rule picks |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in rule_rows:
@@ -409,11 +409,15 @@ def main() -> None:
             print(json.dumps({k: v for k, v in row.items() if k != "plan"}), flush=True)
             rows.append(row)
     rule_rows = conv_rule(args.quick) if args.conv_rule else []
+    rule_run = f"{time.strftime('%Y-%m-%d')}, this run"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    if not rule_rows and not args.quick and (RESULTS / "ntk.json").exists():  # keep the last sweep's
-        rule_rows = json.loads((RESULTS / "ntk.json").read_text()).get("conv_rule", [])
+    if not rule_rows and not args.quick and (RESULTS / "ntk.json").exists():  # keep the last sweep's, and say so
+        last = json.loads((RESULTS / "ntk.json").read_text())
+        rule_rows, rule_run = last.get("conv_rule", []), last.get("conv_rule_run", "an earlier run")
+        rule_run = rule_run.replace("this run", "an earlier run")
     payload = {"machine": {"processor": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                           "wall_s": time.time() - started, "note": args.note}, "rows": rows, "conv_rule": rule_rows}
+                           "wall_s": time.time() - started, "note": args.note}, "rows": rows, "conv_rule": rule_rows,
+               "conv_rule_run": rule_run}
     print(write(payload, args.quick))
 
 
@@ -421,7 +425,7 @@ def write(payload: dict, quick: bool) -> str:
     """Write the JSON results and the tables; return the markdown."""
     stem = "ntk_quick" if quick else "ntk"
     rows, rule_rows = payload["rows"], payload["conv_rule"]
-    text = markdown(rows, rule_rows, quick, payload["machine"].get("note", ""))
+    text = markdown(rows, rule_rows, quick, payload["machine"].get("note", ""), payload.get("conv_rule_run", ""))
     (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
     (RESULTS / f"{stem}.md").write_text(text)
     if not quick:
