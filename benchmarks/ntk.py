@@ -5,7 +5,8 @@ is recorded as "out of memory") with ``OMP_WAIT_POLICY=PASSIVE``, and reports th
 of its repeats (at least three, more until they add up to 3 s, at most 25; after one untimed
 warm-up call, also the first call's time) and its peak-RSS increase (VmHWM) over the process after
 imports, setup and the warm-up. All methods of a row run in the same invocation, one after the
-other. float32 throughout; the quantity is the whole kernel block: full mode ``(N k, N k)`` (or nngeometry's ``(k, N, k, N)``), trace mode ``(N, N)``.
+other. float32 throughout; the quantity is the whole kernel block: full mode ``(N k, N k)`` (or
+nngeometry's ``(k, N, k, N)``), trace mode ``(N, N)``.
 
 Networks (the issue's benchmark set, plus the MLP of the first NTK benchmark):
 
