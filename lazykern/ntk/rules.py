@@ -248,17 +248,17 @@ def _cot_tokens(g: Tensor, axis: int, width: int) -> Tensor:
     return g.reshape(g.shape[0], g.shape[1], -1, width).transpose(0, 1)
 
 
-def _with_ones(a: Tensor) -> Tensor:
-    return torch.cat([a, a.new_ones(*a.shape[:-1], 1)], dim=-1)
+def _augmented(a: Tensor, bias: bool) -> Tensor:
+    r""":math:`\tilde a = (a, 1)` when the bias is trainable, else ``a``."""
+    return torch.cat([a, a.new_ones(*a.shape[:-1], 1)], dim=-1) if bias else a
 
 
-def _token_term(a: Tensor, g: Tensor, weight: bool, bias: bool, form: str) -> Term:
+def _token_term(a: Tensor | None, g: Tensor, weight: bool, form: str) -> Term:
     r"""A token-wise affine map :math:`z_t = W a_t + b`: implicit :math:`(\tilde a, g)` or explicit
-    :math:`\sum_t g_t \tilde a_t^\top` (``a`` ``(N, T, F)``, ``g`` ``(N, k, T, H)``)."""
+    :math:`\sum_t g_t \tilde a_t^\top` (``a`` :math:`\tilde a`, ``(N, T, F)`` with the ones column when
+    the bias is trainable, unused without a trainable weight; ``g`` ``(N, k, T, H)``)."""
     if not weight:
         return Explicit(g.sum(2))
-    if bias:
-        a = _with_ones(a)
     if form == "implicit":
         return Implicit(a, g)
     n, k, t, h = g.shape
@@ -307,14 +307,16 @@ class LinearRule(Rule):
     def terms(self, captures, cots, axes, pieces, params) -> list[list[Term]]:
         (c,), (g,), (axis,), (piece,) = captures, cots, axes, pieces
         m = self.module
-        a = _tokens(c.ctx["a"], axis, m.in_features)
-        return [[_token_term(a, _cot_tokens(g, axis, m.out_features), "weight" in self.trainable,
-                             "bias" in self.trainable, piece.form)]]
+        weight, bias = "weight" in self.trainable, "bias" in self.trainable
+        a = _augmented(_tokens(c.ctx["a"], axis, m.in_features), bias) if weight else None
+        return [[_token_term(a, _cot_tokens(g, axis, m.out_features), weight, piece.form)]]
 
 
-def unfold(x: Tensor, module: nn.Module) -> Tensor:
-    """Input patches of a convolution: ``(N, C, *S)`` -> ``(N, P, C * prod(kernel_size))``, the
-    columns ordered as the flattened weight ``(C_out, C_in / groups, *kernel_size)`` reads them."""
+def unfold(x: Tensor, module: nn.Module, ones: bool = False) -> Tensor:
+    """Input patches of a convolution per group: ``(N, C, *S)`` -> ``(N, P, G, C / G * prod(kernel_size))``,
+    the columns ordered as the flattened weight ``(C_out, C_in / G, *kernel_size)`` reads them; with
+    ``ones``, each group's patches end in a column of ones (:math:`\tilde U`). One copy either way:
+    appending the ones to copied patches was a second copy of them, a tenth of a small CNN's block."""
     d = x.dim() - 2
     pad = module._reversed_padding_repeated_twice
     if any(pad):
@@ -325,10 +327,14 @@ def unfold(x: Tensor, module: nn.Module) -> Tensor:
         x = x.unfold(2 + i, dil * (k - 1) + 1, s)
         if dil > 1:
             x = x[..., ::dil]
-    n, c = x.shape[:2]
-    positions = math.prod(x.shape[2 : 2 + d])
-    x = x.permute(0, *range(2, 2 + d), 1, *range(2 + d, 2 + 2 * d))
-    return x.reshape(n, positions, c * math.prod(module.kernel_size))
+    n, c, grid = x.shape[0], x.shape[1], x.shape[2 : 2 + d]
+    g, width = module.groups, c // module.groups * math.prod(module.kernel_size)
+    x = x.permute(0, *range(2, 2 + d), 1, *range(2 + d, 2 + 2 * d)).unflatten(1 + d, (g, c // g))
+    out = x.new_empty(n, math.prod(grid), g, width + int(ones))
+    out[..., :width].unflatten(-1, x.shape[2 + d :]).unflatten(1, grid).copy_(x)
+    if ones:  # after the copy: a fresh buffer's pages fault in on first touch, and the copy touches all
+        out[..., width].fill_(1)
+    return out
 
 
 class ConvRule(Rule):
@@ -373,12 +379,8 @@ class ConvRule(Rule):
         cot = g.flatten(3).permute(1, 0, 3, 2)  # (N, k, P, C_out)
         if not weight:
             return [[Explicit(cot.sum(2))]]
-        u = unfold(c.ctx["x"], m)
-        fg, hg = u.shape[-1] // m.groups, m.out_channels // m.groups
-        terms = [
-            _token_term(u[..., i * fg : (i + 1) * fg], cot[..., i * hg : (i + 1) * hg], True, bias, piece.form)
-            for i in range(m.groups)
-        ]
+        u, hg = unfold(c.ctx["x"], m, ones=bias), m.out_channels // m.groups
+        terms = [_token_term(u[:, :, i], cot[..., i * hg : (i + 1) * hg], True, piece.form) for i in range(m.groups)]
         if piece.form == "explicit" and len(terms) > 1:
             return [[Explicit(torch.cat([t.e for t in terms], dim=-1))]]
         return [terms]
@@ -620,7 +622,8 @@ class MultiheadAttentionRule(Rule):
         out = []
         for c, g, (weight, bias) in zip(captures, cots, self._flags()):
             if c.label in by_label:
-                out.append([_token_term(c.ctx["a"], g.transpose(0, 1), weight, bias, by_label[c.label].form)])
+                a = _augmented(c.ctx["a"], bias) if weight else None
+                out.append([_token_term(a, g.transpose(0, 1), weight, by_label[c.label].form)])
         return out
 
 
