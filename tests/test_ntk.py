@@ -508,7 +508,8 @@ def test_sample_batches_reuse_cotangent_buffers(case: str, monkeypatch) -> None:
     from lazykern.ntk import features
 
     timing = features._BackwardTiming  # the plain backward passes, which stack into the buffers
-    monkeypatch.setattr(features, "_BackwardTiming", lambda: timing(3, {"loop": 0.0, "batched": 1.0}))
+    monkeypatch.setattr(features, "_BackwardTiming",
+                        lambda: timing(len(features._TIMED_WAYS), {"loop": 0.0, "batched": 1.0}))
     monkeypatch.setattr(features.Network, "batch_size", lambda self, total, itemsize: 3)
     model, x1, x2 = build(case, n1=7, n2=7)
     for mode in ("full", "trace"):
@@ -517,6 +518,23 @@ def test_sample_batches_reuse_cotangent_buffers(case: str, monkeypatch) -> None:
         assert_close(K.to_dense(), expected)
         assert_close(K.diagonal(), expected.diagonal())
         assert_close(K @ torch.ones(expected.shape[1], dtype=DT), expected.sum(1))
+
+
+def test_backward_ways_are_timed_per_stream(monkeypatch) -> None:
+    """Each operator call's extraction (a stream of 3 batches here) takes one way; the first streams
+    take the ways in turn, each timed twice over its whole stream, and later streams take the faster."""
+    from lazykern.ntk import features
+
+    monkeypatch.setattr(features.Network, "batch_size", lambda self, total, itemsize: 3)
+    model, x1, _ = build("cnn", n1=7)
+    expected = reference(model, x1, x1, "trace")
+    for _ in range(len(features._TIMED_WAYS) + 1):
+        assert_close(empirical_ntk(model, x1, mode="trace", backend="dense").to_dense(), expected)
+    (timing,) = features._BACKWARD_TIMING[model].values()
+    assert timing.calls == len(features._TIMED_WAYS) + 1
+    assert set(timing.seconds) == {"loop", "batched"}
+    assert features._backward_way(timing, False) == min(timing.seconds, key=timing.seconds.get)
+    assert features._backward_way(timing, True) == "loop"
 
 
 def test_batch_floor_stops_below_the_fresh_allocation_size() -> None:

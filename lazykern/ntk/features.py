@@ -384,10 +384,26 @@ def _local(params: dict[str, Tensor], layer: str) -> dict[str, Tensor]:
 
 @dataclass
 class _BackwardTiming:
-    """Sample batches taken so far and the measured seconds per sample of each way."""
+    """Sample batches taken so far and the fastest measured seconds per sample of each way."""
 
     calls: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
+
+
+#: The ways the first sample streams take (a stream: one operator call's extraction, in sample
+#: batches): the first warms up what either loads on first use, then each way twice, alternately.
+#: Whole streams are timed: the plain passes' stacking buffers are allocated by a stream's first
+#: batch and reused by the rest, so single batches misjudged them, and one timing each picked the
+#: slower way for the benchmark's ``conv_gap`` in two runs of three (its block 0.20 s, not 0.13 s).
+_TIMED_WAYS = ("loop", "batched", "loop", "batched", "loop")
+
+
+def _backward_way(timing: _BackwardTiming, differentiable: bool) -> str:
+    if differentiable:
+        return "loop"
+    if timing.calls < len(_TIMED_WAYS):
+        return _TIMED_WAYS[timing.calls]
+    return min(timing.seconds, key=timing.seconds.get)
 
 
 #: Per network (held weakly) and input kind: timing shared by every operator on that network (a
@@ -396,17 +412,17 @@ _BACKWARD_TIMING: "weakref.WeakKeyDictionary[nn.Module, dict[tuple, _BackwardTim
 
 
 def _cotangents(
-    net: Network, out: Tensor, wanted: list[Tensor], differentiable: bool, buffers: dict[int, Tensor] | None
+    out: Tensor, wanted: list[Tensor], way: str, differentiable: bool, buffers: dict[int, Tensor] | None
 ) -> list[Tensor | None]:
     r""":math:`\partial f_o / \partial z` for every output ``o`` and captured ``z``, ``(k, *z.shape)`` each.
 
     Either one backward pass vectorised over the one-hot output cotangents (``is_grads_batched``:
     few large operations, but operations without a batching rule fall back to slow loops, 8x
     slower than plain passes for a global average pool in measurements) or ``k`` plain backward
-    passes. The second and third sample batches a network meets (in any operator on it) each
-    measure one way (the first warms up what either loads on first use); later batches take the
-    faster. With a graph (``differentiable``) always the plain passes: the batched double backward
-    lacks batching rules for some layers (a group norm's, for one).
+    passes. The first sample streams a network meets (in any operator on it) take the ways in turn
+    (:data:`_TIMED_WAYS`) and :func:`stream` times them; later streams take the faster. With a
+    graph (``differentiable``) always the plain passes: the batched double backward lacks batching
+    rules for some layers (a group norm's, for one).
 
     The plain passes' gradients are stacked into ``buffers`` (one per captured tensor, reused by
     every batch of a stream) when given: a fresh stack of a conv layer's cotangents is often above
@@ -415,15 +431,6 @@ def _cotangents(
     """
     k, n = out.shape[1], out.shape[0]
     eye = torch.eye(k, dtype=out.dtype, device=out.device)
-    timing = _BACKWARD_TIMING.setdefault(net.model, {}).setdefault(
-        (net.sample_shape, net.input_dtype, net.dtype, out.device.type), _BackwardTiming())
-    calls = timing.calls
-    if differentiable:
-        way = "loop"
-    else:
-        way = ("loop", "batched", "loop")[calls] if calls < 3 else min(timing.seconds, key=timing.seconds.get)
-    synchronize(out.device)
-    start = time.perf_counter()
     if way == "batched":
         grads = list(torch.autograd.grad(out, wanted, grad_outputs=eye.unsqueeze(1).expand(k, n, k),
                                          is_grads_batched=True, create_graph=differentiable, allow_unused=True))
@@ -436,11 +443,6 @@ def _cotangents(
         # samples first in memory, (k, N, ...) as a view: per-sample gradients then read it in place
         grads = [None if gs[0] is None else _stack_samples_first(gs, buffers, i)
                  for i, gs in enumerate(zip(*per_output))]
-    synchronize(out.device)
-    if not differentiable:
-        if 1 <= calls < 3:
-            timing.seconds[way] = (time.perf_counter() - start) / n
-        timing.calls += 1
     return grads
 
 
@@ -463,6 +465,7 @@ def _batch_terms(
     call: dict[str, Tensor],
     x: Tensor,
     differentiable: bool,
+    way: str = "loop",
     buffers: dict[int, Tensor] | None = None,
 ) -> list[list[Term]]:
     k, n = net.num_outputs, x.shape[0]
@@ -470,7 +473,7 @@ def _batch_terms(
     records = recorder.records
     captures = [(u, c) for u in net.units for c in records[u.name]]
     wanted = [c.z for _, c in captures if c.z.requires_grad]
-    grads = iter(_cotangents(net, out, wanted, differentiable, buffers))
+    grads = iter(_cotangents(out, wanted, way, differentiable, buffers))
     terms: list[list[Term]] = []
     for u in net.units:
         cots = []
@@ -501,12 +504,23 @@ def stream(
     recorder = _Recorder([u.rule for u in net.units])
     call = call_params(net.model, tensors, net.trainable)
     buffers: dict[int, Tensor] | None = None if differentiable else {}
+    timing = _BACKWARD_TIMING.setdefault(net.model, {}).setdefault(
+        (net.sample_shape, net.input_dtype, net.dtype, x.device.type), _BackwardTiming())
+    way, spent = _backward_way(timing, differentiable), 0.0
     with recorder.recording(), torch.enable_grad():
         for start in range(0, n, step):
             rows = slice(start, min(n, start + step))
             xb = x[rows] if differentiable else x[rows].detach()
-            terms = _batch_terms(net, recorder, call, xb, differentiable, buffers)
+            synchronize(x.device)
+            began = time.perf_counter()
+            terms = _batch_terms(net, recorder, call, xb, differentiable, way, buffers)
+            synchronize(x.device)
+            spent += time.perf_counter() - began  # not consume's time: it may stream another set
             consume(rows, [t for piece in terms for t in piece])
+    if not differentiable:
+        if 1 <= timing.calls < len(_TIMED_WAYS):
+            timing.seconds[way] = min(timing.seconds.get(way, float("inf")), spent / n)
+        timing.calls += 1
 
 
 def piece_terms(net: Network, tensors: dict[str, Tensor], x: Tensor) -> list[list[Term]]:
