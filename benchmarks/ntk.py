@@ -6,8 +6,9 @@ of its repeats (at least three, more until they add up to 3 s, at most 25; after
 warm-up call, also the first call's time) and its peak-RSS increase (VmHWM) over the process after
 imports, setup and the warm-up. All methods of a row run in the same invocation, one after the
 other, and those under 10 s a call then run a second round in reverse order (a fresh subprocess;
-the median is over both rounds' calls, the peak the larger). float32 throughout; the quantity is the whole kernel block: full mode ``(N k, N k)`` (or
-nngeometry's ``(k, N, k, N)``), trace mode ``(N, N)``.
+the median is over both rounds' calls, the peak the larger). float32 throughout; the quantity is
+the whole kernel block: full mode ``(N k, N k)`` (or nngeometry's ``(k, N, k, N)``), trace mode
+``(N, N)``.
 
 Networks (the issue's benchmark set, plus the MLP of the first NTK benchmark):
 
@@ -76,7 +77,7 @@ COMMON = textwrap.dedent(
             if first > 60:  # one-time costs are noise at this scale; repeats would take hours
                 return {{"median_s": first, "times_s": [first], "first_s": first}}
         times = []
-        # a fixed 3 repeats left sub-second cells at the mercy of one slow call: repeat until both the count and the time are reached
+        # a fixed 3 repeats left a sub-second cell's median to one slow call: reach both the count and the time
         while len(times) < REPEATS or (sum(times) < MIN_SECONDS and len(times) < MAX_REPEATS):
             t = time.perf_counter(); fn(); times.append(time.perf_counter() - t)
         return {{"median_s": statistics.median(times), "times_s": times, "first_s": first}}

@@ -384,7 +384,7 @@ def _local(params: dict[str, Tensor], layer: str) -> dict[str, Tensor]:
 
 @dataclass
 class _BackwardTiming:
-    """Sample batches taken so far and the fastest measured seconds per sample of each way."""
+    """Sample streams taken so far and the fastest measured seconds per sample of each way."""
 
     calls: int = 0
     seconds: dict[str, float] = field(default_factory=dict)

@@ -146,9 +146,9 @@ def dense(f1: list[Term], f2: list[Term], mode: str) -> Tensor:
 
     When both sides are the same features (``f1 is f2``) every term fills only row block ``I``
     against the columns from ``I``'s first sample on (:data:`SYMMETRIC_BLOCKS` row blocks, fewer
-    for few samples), and the rest is mirrored once at the end. Explicit terms are written by BLAS straight into the result
-    (``addmm_`` on its row blocks): no tile is allocated, and with the mirror about half of
-    :math:`E E^\top` is computed.
+    for few samples), and the rest is mirrored once at the end. Explicit terms are written by BLAS
+    straight into the result (``addmm_`` on its row blocks): no tile is allocated, and with the
+    mirror about half of :math:`E E^\top` is computed.
     """
     n1, n2, k = _num(f1), _num(f2), _outputs(f1)
     symmetric = f1 is f2
