@@ -717,3 +717,19 @@ def test_error_midway_leaves_model_unchanged() -> None:
         K @ torch.ones(X.shape[0] * 3, dtype=DT)
     assert_unchanged(model, before)
 
+
+
+def test_auto_backend_probes_leave_the_global_random_stream_alone(monkeypatch) -> None:
+    """The throughput probe of the first ``backend="auto"`` product called ``torch.manual_seed(0)``:
+    every seed a user had set then gave the same random stream."""
+    from lazykern.ntk import throughput
+
+    monkeypatch.setattr(throughput, "_cache", {})  # as in a fresh process: the probes run again
+    model = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2)).double()
+    x, v = torch.randn(40, 3, dtype=DT), torch.randn(80, 1, dtype=DT)
+    torch.manual_seed(1234)
+    expected = torch.rand(5)
+    torch.manual_seed(1234)
+    empirical_ntk(model, x, backend="auto") @ v
+    assert throughput._cache, "the probes did not run"
+    assert torch.equal(torch.rand(5), expected)

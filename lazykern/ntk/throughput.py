@@ -70,9 +70,12 @@ def _dense_rate(device: torch.device, dtype: torch.dtype) -> float:
 
 
 def _network_rate(device: torch.device, dtype: torch.dtype) -> float:
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 256)).to(device=device, dtype=dtype)
-    x = torch.randn(256, 256, dtype=dtype, device=device)
+    # The layers draw their initial weights from the global generator: under fork_rng the user's
+    # random stream continues afterwards as if the probe had never run.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 256)).to(device=device, dtype=dtype)
+    x = torch.randn(256, 256, generator=torch.Generator(device="cpu").manual_seed(0), dtype=dtype).to(device)
 
     def step() -> None:
         with torch.enable_grad():
