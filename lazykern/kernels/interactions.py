@@ -21,7 +21,7 @@ from ..operators import LazyKernelOperator
 from ..validation import check_kernel_inputs, check_positive_int
 from .additive_structure import AdditiveStructureKernel, _ComponentScales
 from .base_kernels import RBFKernel
-from .stationary import check_no_last_dim_is_batch, formula_for, formula_inputs
+from .stationary import LazyKernelMixin, check_no_last_dim_is_batch, formula_for, formula_inputs
 
 __all__ = ["NewtonGirardAdditiveKernel", "OrthogonalAdditiveKernel", "GroupAdditiveKernel"]
 
@@ -255,7 +255,7 @@ class OrthogonalAdditiveKernel(NewtonGirardAdditiveKernel):
         return x1_, x1_ if x2 is x1 else features(x2), {}
 
 
-class GroupAdditiveKernel(_ComponentScales, Kernel):
+class GroupAdditiveKernel(_ComponentScales, LazyKernelMixin, Kernel):
     r"""A sum of one multi-dimensional base kernel over given groups of dimensions, lazily.
 
     .. math::
