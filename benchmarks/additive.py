@@ -262,7 +262,7 @@ def _count_passes(step) -> dict:
         counted(cpu, "dense", "cpu dense build"),
         counted(cpu, "symmetric_gradients", "cpu fused gradient"),
         counted(backend, "_keops_matmul", "keops product"),
-        counted(backend, "_torch_rowwise", "torch row blocks"),
+        counted(backend.torch_engine, "rowwise", "torch row blocks"),
     ]
     try:
         step()

@@ -9,9 +9,10 @@ Three engines evaluate the same formula (:mod:`lazykern.formulas`):
   second instead of KeOps' 5-40 s.
 * **KeOps**: the inputs are wrapped as ``LazyTensor`` and the reduction is compiled once per formula;
   memory is O((N + M) * D), nothing pairwise is ever stored. The engine on GPUs.
-* **torch**: row blocks of the pairwise expression are evaluated densely, at most
-  :class:`lazykern.settings.chunk_bytes` at a time; the backward pass recomputes blocks instead of
-  keeping them. Small problems, and formulas that multiply matrices (the NTK's, which BLAS does best).
+* **torch** (:mod:`lazykern.torch_engine`): row blocks of the pairwise expression are evaluated
+  densely, at most :class:`lazykern.settings.chunk_bytes` at a time; the backward pass recomputes
+  blocks instead of keeping them. Small problems, formulas that multiply matrices (the NTK's, which
+  BLAS does best), and every engine's second and higher derivatives.
 
 Parameters arrive with ``(*batch, 1, K)`` shapes (the ``KernelLinearOperator`` convention); this
 module inserts the pairwise axis, and hands them to the engines in name order: compiled programs are
@@ -28,8 +29,9 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor
 
-from . import cpu, settings
+from . import cpu, settings, torch_engine
 from .keops import keops_lazy_tensor, keops_session, padded_size
+from .torch_engine import pairwise_params, rows_per_chunk
 
 Formula = Callable[..., object]
 
@@ -74,11 +76,7 @@ def _in_name_order(params: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return dict(sorted(params.items()))
 
 
-def _pairwise_params(params: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    return {name: p.unsqueeze(-3) for name, p in params.items()}
-
-
-def _keops_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
+def _keops_product(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
     c = rhs.shape[-1]
     padded = padded_size(c)
     if padded != c:
@@ -87,10 +85,45 @@ def _keops_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str,
         K = formula(
             keops_lazy_tensor(x1.unsqueeze(-2)),
             keops_lazy_tensor(x2.unsqueeze(-3)),
-            **{n: keops_lazy_tensor(p) for n, p in _pairwise_params(params).items()},
+            **{n: keops_lazy_tensor(p) for n, p in pairwise_params(params).items()},
         )
         out = K @ rhs.contiguous()
     return out[..., :c]
+
+
+class _KeOpsMatmul(torch.autograd.Function):
+    """KeOps' product with KeOps' own first derivatives; a backward pass that must be differentiable
+    again (``create_graph=True``) takes the torch engine's (:func:`lazykern.torch_engine.vjp`), since
+    KeOps cannot differentiate the vector-Jacobian product of lazykern's recurrence node.
+
+    The forward reduction runs on leaves that stand for the inputs, and its graph (KeOps keeps only
+    its inputs, nothing pairwise) is kept for the first-order backward, which then runs only KeOps'
+    gradient reductions, as without this wrapper."""
+
+    @staticmethod
+    def forward(ctx, formula, names, x1, x2, *tensors):  # noqa: D102 - autograd protocol
+        wanted = ctx.needs_input_grad[2:]
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(w) for t, w in zip((x1, x2, *tensors), wanted)]
+            a, b, *values, rhs = leaves
+            out = _keops_product(formula, a, b, dict(zip(names, values)), rhs)
+        ctx.formula, ctx.names, ctx.graph = formula, names, (out, leaves)
+        ctx.save_for_backward(x1, x2, *tensors)
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, grad_out):  # noqa: D102 - autograd protocol
+        inputs, wanted = ctx.saved_tensors, ctx.needs_input_grad[2:]
+        if torch.is_grad_enabled():
+            return (None, None, *torch_engine.vjp(ctx.formula, ctx.names, inputs, wanted, grad_out))
+        out, leaves = ctx.graph
+        targets = [t for t, w in zip(leaves, wanted) if w]
+        grads = iter(torch.autograd.grad(out, targets, grad_out, retain_graph=True, allow_unused=True))
+        return (None, None, *(next(grads) if w else None for w in wanted))
+
+
+def _keops_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
+    return _KeOpsMatmul.apply(formula, tuple(params), x1, x2, *params.values(), rhs)
 
 
 def fold_columns(vecs: Tensor, batch: torch.Size) -> Tensor | None:
@@ -157,7 +190,7 @@ def symmetric_gradients(
     want1, want2 = x1.requires_grad, (x2.requires_grad and not same)
     with keops_session():
         xi, xj = keops_lazy_tensor(x1.unsqueeze(-2)), keops_lazy_tensor(x1.unsqueeze(-3))
-        lazy_params = {n: keops_lazy_tensor(p) for n, p in _pairwise_params(params).items()}
+        lazy_params = {n: keops_lazy_tensor(p) for n, p in pairwise_params(params).items()}
         K = formula(xi, xj, **lazy_params)
         weight = keops_lazy_tensor(left.unsqueeze(-2)) | keops_lazy_tensor(right.unsqueeze(-3))
         if want2 or (want1 and same):
@@ -187,85 +220,6 @@ def symmetric_gradients(
     return grad1, grad2, grads
 
 
-def rows_per_chunk(m: int, width: int, itemsize: int) -> int:
-    """Rows per block so that a block of ``rows x m x width`` items stays within ``settings.chunk_bytes``."""
-    return max(1, settings.chunk_bytes.value() // max(1, m * width * itemsize))
-
-
-def _torch_block(formula: Formula, x1: Tensor, x2: Tensor, names: tuple[str, ...], *rest: Tensor) -> Tensor:
-    params = dict(zip(names, rest[: len(names)]))
-    K = formula(x1.unsqueeze(-2), x2.unsqueeze(-3), **_pairwise_params(params)).squeeze(-1)
-    return K @ rest[-1] if len(rest) > len(names) else K
-
-
-def _row_blocks(x1: Tensor, step: int):
-    for start in range(0, x1.shape[-2], step):
-        yield slice(start, start + step)
-
-
-class _RowBlocks(torch.autograd.Function):
-    """Row blocks of a formula (times ``rhs``), written into one preallocated output.
-
-    Hand-made checkpointing: forward keeps no intermediates and backward recomputes one block at a
-    time. Writing into a preallocated result (rather than concatenating block outputs) matters: small
-    block outputs interleaved with large freed temporaries fragment the C heap, and peak RSS then grew
-    by ~2 MB per block (400 MB for a 2000 x 2000 matrix) in measurements.
-    """
-
-    @staticmethod
-    def forward(ctx, formula, names, step, x1, x2, *tensors):  # noqa: D102 - autograd protocol
-        out = None
-        dense = len(tensors) == len(names)
-        for rows in _row_blocks(x1, step):
-            block = _torch_block(formula, x1[..., rows, :], x2, names, *tensors)
-            if dense:
-                _flush_subnormals_(block)
-            if out is None:
-                out = block.new_empty(*block.shape[:-2], x1.shape[-2], block.shape[-1])
-            out[..., rows, :] = block
-            del block
-        ctx.formula, ctx.names, ctx.step = formula, names, step
-        ctx.save_for_backward(x1, x2, *tensors)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):  # noqa: D102 - autograd protocol
-        x1, x2, *tensors = ctx.saved_tensors
-        inputs = (x1, x2, *tensors)
-        wanted = ctx.needs_input_grad[3:]
-        grads = [torch.zeros_like(t) if w else None for t, w in zip(inputs, wanted)]
-        for rows in _row_blocks(x1, ctx.step):
-            with torch.enable_grad():
-                leaves = [t.detach().requires_grad_(w) for t, w in zip(inputs, wanted)]
-                block = _torch_block(ctx.formula, leaves[0][..., rows, :], leaves[1], ctx.names, *leaves[2:])
-                targets = [leaf for leaf, w in zip(leaves, wanted) if w]
-                block_grads = iter(torch.autograd.grad(block, targets, grad_out[..., rows, :], allow_unused=True))
-            for i, w in enumerate(wanted):
-                g = next(block_grads) if w else None
-                if g is not None:
-                    grads[i] += g
-        return (None, None, None, *grads)
-
-
-def _flush_subnormals_(block: Tensor) -> None:
-    # Kernel entries below the normal range (exp of a large negative number) make CPU LAPACK about
-    # 10x slower on the dense matrix (measured: a 2000-point Cholesky, 5 s instead of 0.5 s). Writing
-    # them as zeros changes each entry by less than finfo.tiny, and changes no process-wide float mode.
-    block.masked_fill_(block.abs() < torch.finfo(block.dtype).tiny, 0.0)
-
-
-def _torch_rowwise(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor | None) -> Tensor:
-    names = tuple(params)
-    tensors = tuple(params.values()) + (() if rhs is None else (rhs,))
-    # A block holds rows x M x (numbers per pair) for every member of the kernel's batch at once. A
-    # formula that multiplies matrices instead of broadcasting (the NTK's) says how many numbers it
-    # holds per pair; the default is the D of a distance-based formula's broadcast.
-    batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2], *(p.shape[:-2] for p in params.values()))
-    width = getattr(formula, "pair_width", x2.shape[-1])
-    step = rows_per_chunk(x2.shape[-2], batch.numel() * width, x2.element_size())
-    return _RowBlocks.apply(formula, names, step, x1, x2, *tensors)
-
-
 def _broadcast_rhs(x1: Tensor, rhs: Tensor) -> Tensor:
     batch = torch.broadcast_shapes(x1.shape[:-2], rhs.shape[:-2])
     return rhs.expand(*batch, *rhs.shape[-2:])
@@ -284,7 +238,7 @@ def pairwise_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[st
     elif engine == "keops":
         out = _keops_matmul(formula, x1, x2, params, rhs)
     else:
-        out = _torch_rowwise(formula, x1, x2, params, rhs)
+        out = torch_engine.rowwise(formula, x1, x2, params, rhs)
     return out.squeeze(-1) if vector else out
 
 
@@ -306,7 +260,7 @@ def pairwise_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str
     params = _in_name_order(params)
     if engine_for(formula, x1, x2, params) == "cpu":
         return cpu.dense(formula, x1, x2, params)  # subnormals flushed in the compiled pass
-    return _torch_rowwise(formula, x1, x2, params, None)
+    return torch_engine.rowwise(formula, x1, x2, params, None)
 
 
 def elementwise(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
@@ -328,10 +282,10 @@ def elementwise(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, T
 
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x1, x2, *values)):
         parts = [torch.utils.checkpoint.checkpoint(block, x1[..., r, :], x2[..., r, :], *values, use_reentrant=False)
-                 for r in _row_blocks(x1, step)]
+                 for r in torch_engine.row_blocks(rows, step)]
         return torch.cat(parts, -1)
     batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2], *(p.shape[:-2] for p in values))
     out = x1.new_empty(*batch, rows)
-    for r in _row_blocks(x1, step):
+    for r in torch_engine.row_blocks(rows, step):
         out[..., r] = block(x1[..., r, :], x2[..., r, :], *values)
     return out

@@ -703,7 +703,7 @@ def test_kernel_of_x_runs_on_the_cpu_engine_by_default(kind, monkeypatch):
 
     monkeypatch.setattr(backend, "_keops_matmul", no_keops)
     monkeypatch.setattr(backend, "keops_session", no_keops)
-    monkeypatch.setattr(backend, "_torch_rowwise", no_keops)
+    monkeypatch.setattr(backend.torch_engine, "rowwise", no_keops)
     op = _user_kernel(kind, d).double()(x).evaluate_kernel()
     assert backend.engine_for(op.covar_func, op.x1, op.x2, op.tensor_params) == "cpu"
     got = run("auto")

@@ -103,14 +103,14 @@ def test_batched_symmetric_kernel_gradient_is_fused_and_exact(monkeypatch):
 def test_chunk_bytes_bounds_the_whole_batch_of_a_block(monkeypatch):
     """Defect 3: a block held rows x M x d for *each* batch member (404 MB instead of 4 MiB)."""
     sizes = []
-    block = backend._torch_block
+    block = backend.torch_engine.block
 
     def spy(formula, x1, x2, names, *rest):
         batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
         sizes.append(batch.numel() * x1.shape[-2] * x2.shape[-2] * x2.shape[-1] * x2.element_size())
         return block(formula, x1, x2, names, *rest)
 
-    monkeypatch.setattr(backend, "_torch_block", spy)
+    monkeypatch.setattr(backend.torch_engine, "block", spy)
     kernel = lazykern.RBFKernel(ard_num_dims=5)
     x = torch.randn(32, 600, 5)
     with settings.engine("torch"), settings.max_dense_bytes(0), torch.no_grad():

@@ -159,7 +159,7 @@ def test_auto_engine_dispatches_on_device_formula_and_size(monkeypatch):
     from lazykern import backend
 
     calls = []
-    monkeypatch.setattr(backend, "_keops_matmul", lambda *a: calls.append("keops") or backend._torch_rowwise(*a))
+    monkeypatch.setattr(backend, "_keops_matmul", lambda *a: calls.append("keops") or backend.torch_engine.rowwise(*a))
     kernel = make_kernel("rbf", "additive-ard")
     x_small, x_large = torch.randn(20, D, dtype=torch.float64), torch.randn(40, D, dtype=torch.float64)
     rhs = torch.randn(40, 1, dtype=torch.float64)

@@ -30,8 +30,8 @@ from typing import Callable, Mapping
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
+from .. import torch_engine
 from . import build
 from .codegen import Reduction, compact
 from .grad import adjoints
@@ -289,6 +289,19 @@ def _input_grad(g: Tensor | None, t: Tensor, batch: torch.Size) -> Tensor | None
     return None if g is None else g.reshape(*batch, *t.shape[-2:]).sum_to_size(t.shape)
 
 
+def _differentiable_backward(ctx, inputs: tuple[Tensor, ...], grad_out: Tensor) -> list[Tensor | None]:
+    """The gradients of a backward pass that must itself be differentiable (``create_graph=True``:
+    Hessians, Hessian-vector products), for ``inputs`` ``(x1, x2, *parameters[, rhs])``.
+
+    The compiled passes give first derivatives only; the derivative of a gradient pass is another
+    reduction with other weights, so these come from the torch engine's row blocks, differentiable
+    to any order (:func:`lazykern.torch_engine.vjp`): exact, and one block in memory at a time."""
+    needs = ctx.needs_input_grad[2:]
+    if len(inputs) > 2 + len(ctx.names):  # a product: autograd's order is x1, x2, rhs, *parameters
+        needs = (needs[0], needs[1], *needs[3:], needs[2])
+    return torch_engine.vjp(ctx.formula, ctx.names, inputs, needs, grad_out)
+
+
 class _Matmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, formula, names, x1, x2, rhs, *values):  # noqa: D102 - autograd protocol
@@ -298,11 +311,13 @@ class _Matmul(torch.autograd.Function):
         return _forward_matmul(formula, x1, x2, params, rhs, transposed=False)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out):  # noqa: D102 - autograd protocol
         x1, x2, rhs, *values = ctx.saved_tensors
-        params = dict(zip(ctx.names, values))
         need_x1, need_x2, need_rhs, *need_p = ctx.needs_input_grad[2:]
+        if torch.is_grad_enabled():  # create_graph=True: see _differentiable_backward
+            gx1, gx2, *gp, grhs = _differentiable_backward(ctx, (x1, x2, *values, rhs), grad_out)
+            return (None, None, gx1, gx2, grhs, *gp)
+        params = dict(zip(ctx.names, values))
         wanted_p = tuple(n for n, w in zip(ctx.names, need_p) if w)
         batch = _batch(x1, x2, rhs, grad_out, *values)
         grad_out = grad_out.contiguous()
@@ -334,9 +349,10 @@ class _Dense(torch.autograd.Function):
         return _forward_dense(formula, x1, x2, dict(zip(names, values)))
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out):  # noqa: D102 - autograd protocol
         x1, x2, *values = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: see _differentiable_backward
+            return (None, None, *_differentiable_backward(ctx, (x1, x2, *values), grad_out))
         params = dict(zip(ctx.names, values))
         need_x1, need_x2, *need_p = ctx.needs_input_grad[2:]
         wanted_p = tuple(n for n, w in zip(ctx.names, need_p) if w)

@@ -143,10 +143,23 @@ def elementary_symmetric(z: Any, max_degree: int) -> Any:
     return _ElementarySymmetric.apply(z, max_degree)
 
 
+def _recurrence(z: torch.Tensor, max_degree: int) -> torch.Tensor:
+    """The recurrence out of place, for autograd to differentiate (to any order)."""
+    d = z.shape[-1]
+    steps = torch.arange(1, max_degree + 1, dtype=z.dtype, device=z.device)
+    state = torch.cat([torch.ones_like(z[..., :1]), z.new_zeros(*z.shape[:-1], max_degree)], dim=-1)
+    for j in range(1, d + 1):
+        mix = steps / j
+        higher = (1 - mix) * state[..., 1:] + mix * z[..., j - 1 : j] * state[..., :-1]
+        state = torch.cat([state[..., :1], higher], dim=-1)
+    return state[..., 1:]
+
+
 class _ElementarySymmetric(torch.autograd.Function):
     """The recurrence on torch tensors, in place, with the reverse mode of the KeOps node: about
     twice as fast as autograd through the loop and with a fifth of its memory (one saved state per
-    input instead of the intermediates of every operation)."""
+    input instead of the intermediates of every operation). A backward pass that must itself be
+    differentiable (``create_graph=True``) differentiates :func:`_recurrence` instead."""
 
     @staticmethod
     def forward(ctx, z: torch.Tensor, max_degree: int) -> torch.Tensor:  # noqa: D102 - autograd protocol
@@ -163,14 +176,17 @@ class _ElementarySymmetric(torch.autograd.Function):
             gain = state[:, :top] * flat[:, j - 1 : j]  # read before state[:, 1:] is overwritten
             gain.mul_(steps[1 : top + 1] / j)
             state[:, 1 : top + 1].mul_(1 - steps[1 : top + 1] / j).add_(gain)
-        ctx.save_for_backward(flat, history)
+        ctx.save_for_backward(flat, history, z)
         ctx.shape = z.shape
         return state[:, 1:].reshape(*z.shape[:-1], max_degree)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: D102 - autograd protocol
-        flat, history = ctx.saved_tensors
+        flat, history, z = ctx.saved_tensors
         d, max_degree = flat.shape[-1], history.shape[-1] - 1
+        if torch.is_grad_enabled():
+            (grad_z,) = torch.autograd.grad(_recurrence(z, max_degree), z, grad, create_graph=True)
+            return grad_z, None
         steps = torch.arange(max_degree + 1, dtype=flat.dtype, device=flat.device)
         adjoint = flat.new_zeros(flat.shape[0], max_degree + 1)
         adjoint[:, 1:] = grad.reshape(-1, max_degree)

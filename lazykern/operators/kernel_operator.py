@@ -100,6 +100,8 @@ class LazyKernelOperator(KernelLinearOperator):
         return backend.pairwise_matmul(self.covar_func, self.x1, self.x2, self.tensor_params, rhs)
 
     def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor) -> tuple[Tensor | None, ...]:
+        if torch.is_grad_enabled():
+            return self._differentiable_bilinear_derivative(left_vecs, right_vecs)
         if self._fused_symmetric_gradient():
             if left_vecs.dim() == 1:
                 left_vecs, right_vecs = left_vecs.unsqueeze(-1), right_vecs.unsqueeze(-1)
@@ -112,6 +114,30 @@ class LazyKernelOperator(KernelLinearOperator):
                 # linear_operator's representation order: x1, x2, then the parameters by name.
                 return (grad_x1, grad_x2, *(grads[name] for name in self._differentiable_kwargs))
         return super()._bilinear_derivative(left_vecs, right_vecs)
+
+    def _differentiable_bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor) -> tuple[Tensor | None, ...]:
+        """The derivative of a backward pass that builds a graph (``create_graph=True``: Hessians,
+        Hessian-vector products), itself differentiable.
+
+        linear_operator's default differentiates detached copies of the arguments, so every second
+        derivative through it would be zero. Here each argument is differentiated through an alias
+        (a view, a node of its own in the graph): gradients for the alias follow only the paths
+        through this operator's formula, not the vectors' own dependence on the arguments (the
+        incoming gradient is often a function of this very product), and the result stays a
+        function of the arguments and of both vectors. One alias stands for a tensor given for both
+        ``x1`` and ``x2`` (``K(X, X)``), which receives its whole gradient once, in its first place.
+        """
+        if left_vecs.dim() == 1:
+            left_vecs, right_vecs = left_vecs.unsqueeze(-1), right_vecs.unsqueeze(-1)
+        args = self.representation()
+        aliases = {id(a): a.view_as(a) for a in args if a.requires_grad}
+        if not aliases:
+            return (None,) * len(args)
+        operator = self.representation_tree()(*(aliases.get(id(a), a) for a in args))
+        loss = (left_vecs * operator._matmul(right_vecs)).sum()
+        grads = torch.autograd.grad(loss, list(aliases.values()), create_graph=True, allow_unused=True)
+        by_tensor = dict(zip(aliases, grads))
+        return tuple(by_tensor.pop(id(a), None) for a in args)
 
     def _fused_symmetric_gradient(self) -> bool:
         x1, x2 = self.x1, self.x2
