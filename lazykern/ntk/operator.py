@@ -13,18 +13,15 @@ from linear_operator.operators import LinearOperator
 from torch import Tensor, nn
 
 from .. import settings
-from ..validation import check_samples
 from . import features as feat
 from . import products
 from .linearized import linearized_matmul
-from .plan import NTKPlan, apply_forms, choose_backend, dense_blocks, tiles_pay_off
+from .plan import BACKENDS, MODES, NTKPlan, build, choose_backend, dense_blocks, tiles_pay_off
+from .stream import write_ntk
 from .terms import Term, index_terms, terms_bytes
 from .throughput import synchronize
 
 __all__ = ["NTKOperator", "empirical_ntk", "MODES", "BACKENDS"]
-
-MODES = ("full", "trace")
-BACKENDS = ("auto", "keops", "dense", "linearized")
 
 
 class _FeatureCache:
@@ -393,44 +390,6 @@ class NTKOperator(LinearOperator):
         return op
 
 
-def build(
-    model: nn.Module,
-    x1: Tensor,
-    x2: Tensor | None,
-    *,
-    mode: str,
-    backend: str,
-    forms: str | Mapping[str, str] | None,
-    sample_ndim: int,
-) -> tuple[feat.Network, NTKPlan, dict[str, Tensor]]:
-    """Validate, probe the network and plan the per-layer forms (nothing of the kernel is computed)."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    feat.check_network(model)
-    check_samples("x1", x1, min_dim=sample_ndim + 1)
-    if x2 is not None:
-        check_samples("x2", x2, min_dim=sample_ndim + 1)
-        if x2.dtype != x1.dtype:
-            raise TypeError(f"x1 and x2 must have the same dtype, got {x1.dtype} and {x2.dtype}")
-        if x2.shape[x2.dim() - sample_ndim :] != x1.shape[x1.dim() - sample_ndim :]:
-            raise ValueError(
-                f"x1 and x2 must have the same sample shape, got {tuple(x1.shape[x1.dim() - sample_ndim:])} "
-                f"and {tuple(x2.shape[x2.dim() - sample_ndim:])}"
-            )
-        if x2.device != x1.device:
-            raise ValueError(f"x1 and x2 must be on the same device, got {x1.device} and {x2.device}")
-    tensors = feat.model_tensors(model)
-    samples = x1.reshape(-1, *x1.shape[x1.dim() - sample_ndim :])
-    network = feat.inspect_network(model, samples.detach(), tensors)
-    n1 = x1.shape[x1.dim() - sample_ndim - 1]
-    n2 = n1 if x2 is None else x2.shape[x2.dim() - sample_ndim - 1]
-    plan = NTKPlan(mode, n1, n2, network.num_outputs, network.pieces, network.dtype)
-    apply_forms(plan.pieces, forms, mode, n1, n2, plan.itemsize, shared=x2 is None)
-    return network, plan, tensors
-
-
 def empirical_ntk(
     model: nn.Module,
     x1: Tensor,
@@ -440,8 +399,12 @@ def empirical_ntk(
     backend: str = "auto",
     forms: str | Mapping[str, str] | None = None,
     plan: bool = False,
-) -> NTKOperator | NTKPlan:
-    r"""The empirical neural tangent kernel of ``model`` as a lazy ``LinearOperator``.
+    out: Any = None,
+    block_size: int | None = None,
+    progress: bool = True,
+) -> NTKOperator | NTKPlan | Any:
+    r"""The empirical neural tangent kernel of ``model`` as a lazy ``LinearOperator``, or written
+    tile by tile into ``out``.
 
     .. math::
 
@@ -482,10 +445,21 @@ def empirical_ntk(
             ``"encoder.self_attn[q]"``) to forms.
         plan: if ``True``, return the :class:`~lazykern.ntk.NTKPlan` (per layer: rule, form, feature
             size, predicted work) instead of the operator; nothing of the kernel is computed.
+        out: where to write the whole kernel instead of returning the operator
+            (:mod:`lazykern.ntk.stream`): a tensor or NumPy array (or memmap) of the kernel's shape and
+            the model's dtype, or a path ending in ``.npy`` (created, or continued where an earlier run
+            stopped, with a progress record beside it). The kernel is formed in square tiles of
+            ``block_size`` samples, each off-diagonal tile of a symmetric kernel once; memory holds the
+            features of two blocks and one tile, whatever N. ``x1`` and ``x2`` may then also be
+            ``torch.utils.data.Dataset`` or ``DataLoader`` objects, read block by block.
+        block_size: samples per tile side with ``out`` (default: the largest whose features and tile
+            fit :class:`lazykern.settings.max_dense_bytes`, :func:`lazykern.ntk.stream.block_size`).
+        progress: with ``out``, a progress bar over the pairs and a one-line summary on stderr.
 
     Returns:
         :class:`NTKOperator` (``@``, ``.diagonal()``, ``.to_dense()``, slicing by whole samples,
-        ``linear_operator``/GPyTorch solves), or the :class:`~lazykern.ntk.NTKPlan`.
+        ``linear_operator``/GPyTorch solves), the :class:`~lazykern.ntk.NTKPlan`, or, with ``out``,
+        ``out`` filled (for a path: the ``.npy`` file opened as a ``numpy.memmap``).
 
     Example:
         >>> import torch
@@ -497,6 +471,10 @@ def empirical_ntk(
         >>> print(empirical_ntk(net, x, plan=True).pieces[0].form)
         implicit
     """
+    if out is not None and not plan:
+        return write_ntk(model, x1, x2, mode=mode, out=out, forms=forms, block=block_size, progress=progress)
+    if block_size is not None:
+        raise ValueError("block_size applies with out= only (the lazy operator plans its own blocks)")
     sample_ndim = x1.dim() - 1 if isinstance(x1, Tensor) else 0
     return make_operator(model, x1, x2, mode=mode, backend=backend, forms=forms, sample_ndim=sample_ndim, plan=plan)
 

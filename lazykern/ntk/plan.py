@@ -33,15 +33,24 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 import torch
+from torch import Tensor, nn
 
 from .. import settings
+from ..validation import check_samples
+from . import features as feat
 from .features import batch_bytes
 from .rules import FORMS, Piece
 from .throughput import measured_rates
 
 __all__ = [
-    "NTKPlan", "choose_form", "choose_backend", "apply_forms", "dense_blocks", "tiles_pay_off", "KEOPS_CANDIDATE_SECONDS",
+    "BACKENDS", "MODES", "NTKPlan", "apply_forms", "build", "choose_backend", "choose_form", "dense_blocks",
+    "tiles_pay_off", "KEOPS_CANDIDATE_SECONDS",
 ]
+
+#: The kernel's modes: ``"full"`` (every output pair) and ``"trace"`` (the sum over outputs).
+MODES = ("full", "trace")
+#: How an NTK operator forms its products (:func:`choose_backend`).
+BACKENDS = ("auto", "keops", "dense", "linearized")
 
 #: ``backend="auto"`` measures and considers KeOps only for products whose pairwise part is
 #: predicted to take longer than this on the torch engine: a KeOps reduction costs a launch of
@@ -246,3 +255,41 @@ def tiles_pay_off(plan: NTKPlan, n1: int, n2: int, shared: bool, blocks: int, bl
     seconds = (n1 if shared else n1 + n2) * per_sample + pairs
     extra = (blocks - 1) * (n1 / 2 if shared else n2) * per_sample  # column blocks extracted again
     return extra <= TILE_EXTRA_WORK * seconds
+
+
+def build(
+    model: nn.Module,
+    x1: Tensor,
+    x2: Tensor | None,
+    *,
+    mode: str,
+    backend: str,
+    forms: str | Mapping[str, str] | None,
+    sample_ndim: int,
+) -> tuple[feat.Network, NTKPlan, dict[str, Tensor]]:
+    """Validate, probe the network and plan the per-layer forms (nothing of the kernel is computed)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    feat.check_network(model)
+    check_samples("x1", x1, min_dim=sample_ndim + 1)
+    if x2 is not None:
+        check_samples("x2", x2, min_dim=sample_ndim + 1)
+        if x2.dtype != x1.dtype:
+            raise TypeError(f"x1 and x2 must have the same dtype, got {x1.dtype} and {x2.dtype}")
+        if x2.shape[x2.dim() - sample_ndim :] != x1.shape[x1.dim() - sample_ndim :]:
+            raise ValueError(
+                f"x1 and x2 must have the same sample shape, got {tuple(x1.shape[x1.dim() - sample_ndim:])} "
+                f"and {tuple(x2.shape[x2.dim() - sample_ndim:])}"
+            )
+        if x2.device != x1.device:
+            raise ValueError(f"x1 and x2 must be on the same device, got {x1.device} and {x2.device}")
+    tensors = feat.model_tensors(model)
+    samples = x1.reshape(-1, *x1.shape[x1.dim() - sample_ndim :])
+    network = feat.inspect_network(model, samples.detach(), tensors)
+    n1 = x1.shape[x1.dim() - sample_ndim - 1]
+    n2 = n1 if x2 is None else x2.shape[x2.dim() - sample_ndim - 1]
+    plan = NTKPlan(mode, n1, n2, network.num_outputs, network.pieces, network.dtype)
+    apply_forms(plan.pieces, forms, mode, n1, n2, plan.itemsize, shared=x2 is None)
+    return network, plan, tensors
