@@ -52,6 +52,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, SequentialSam
 from tqdm.auto import tqdm
 
 from .. import settings
+from ..validation import check_samples
 from . import features as feat
 from . import products
 from .plan import MODES, NTKPlan, build
@@ -77,6 +78,8 @@ class _Samples:
         if isinstance(source, IterableDataset) or not (isinstance(source, (Tensor, Dataset))):
             raise TypeError(f"{name} must be a torch.Tensor, a map-style torch.utils.data.Dataset or a DataLoader "
                             f"over one, got {type(source).__name__}")
+        if isinstance(source, Tensor):
+            check_samples(name, source)
         self.source = source
         self.count = len(source)
         if self.count == 0:
@@ -95,10 +98,14 @@ class _Samples:
     def fingerprint(self, device: torch.device, step: int) -> str:
         digest = hashlib.sha256()
         for start in range(0, self.count, step):
-            part = self.take(slice(start, min(self.count, start + step)), torch.device("cpu"))
-            digest.update(str((tuple(part.shape), part.dtype)).encode())
-            digest.update(part.contiguous().numpy().tobytes())
+            _digest(digest, self.take(slice(start, min(self.count, start + step)), torch.device("cpu")))
         return digest.hexdigest()
+
+
+def _digest(digest: Any, t: Tensor) -> None:
+    """Add a tensor's shape, dtype and bytes to a hash."""
+    digest.update(f"{tuple(t.shape)}{t.dtype}".encode())
+    digest.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
 
 
 def _sample(item: Any) -> Tensor:
@@ -158,7 +165,9 @@ class _Destination:
             if not path.parent.is_dir():
                 raise ValueError(f"out={str(path)!r}: folder {path.parent} does not exist")
             self.path, self.record_path = path, Path(str(path) + RECORD_SUFFIX)
-            if path.exists() and not self.record_path.exists():
+            if not path.exists():
+                self.record_path.unlink(missing_ok=True)  # a record whose file was deleted: start again
+            elif not self.record_path.exists():
                 raise ValueError(f"out={str(path)!r} exists but has no progress record ({self.record_path.name}): "
                                  "it is not a kernel this function started; delete it or choose another path")
             if path.exists():
@@ -242,8 +251,8 @@ class NTKJobSummary:
 def _model_fingerprint(tensors: Mapping[str, Tensor]) -> str:
     digest = hashlib.sha256()
     for name, t in tensors.items():
-        digest.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
-        digest.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(name.encode())
+        _digest(digest, t)
     return digest.hexdigest()
 
 
