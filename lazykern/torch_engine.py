@@ -165,10 +165,10 @@ def vjp(
         wanted: one flag per input: whether its gradient is returned (else ``None``).
         grad_out: :math:`\bar Y`, the shape of ``out``.
     """
-    x1, x2, *tensors = inputs
-    step = _step(formula, x1, x2, tensors[: len(names)])
     if not any(wanted):
         return [None for _ in inputs]
+    x1, x2, *tensors = inputs
+    step = _step(formula, x1, x2, tensors[: len(names)])
     f = _vjp_of(_stacked_rows(formula, names), wanted, rows_of_cotangents=True)
     result = iter(_BlockSum.apply(f, row_blocks(x1.shape[-2], step), *inputs, grad_out))
     return [next(result) if w else None for w in wanted]

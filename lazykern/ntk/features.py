@@ -396,6 +396,8 @@ class _BackwardTiming:
 #: batch and reused by the rest, so single batches misjudged them, and one timing each picked the
 #: slower way for the benchmark's ``conv_gap`` in two runs of three (its block 0.20 s, not 0.13 s).
 _TIMED_WAYS = ("loop", "batched", "loop", "batched", "loop")
+#: The two backward ways: ``k`` plain reverse passes, or one vectorised over the outputs.
+BACKWARD_WAYS = ("loop", "batched")
 
 
 def _backward_way(timing: _BackwardTiming, differentiable: bool) -> str:
@@ -493,12 +495,15 @@ def stream(
     consume: Callable[[slice, list[Term]], None],
     *,
     differentiable: bool = False,
+    way: str | None = None,
 ) -> None:
     """Call ``consume(rows, terms)`` for each sample batch of ``x``; hooks are removed on return and
     on error (a callback rather than a generator, so no suspended generator keeps them).
 
     Without ``differentiable``, the terms of a batch may be views of buffers the next batch
-    overwrites: ``consume`` copies or reduces them before it returns."""
+    overwrites: ``consume`` copies or reduces them before it returns. ``way`` forces the backward
+    way (``"loop"`` or ``"batched"``, ``BACKWARD_WAYS``) instead of the network's measured choice:
+    both are exact, but round differently, so a job that must give the same bits every time pins one."""
     n = x.shape[0]
     step = net.batch_size(n, torch.empty((), dtype=net.dtype).element_size())
     recorder = _Recorder([u.rule for u in net.units])
@@ -506,7 +511,8 @@ def stream(
     buffers: dict[int, Tensor] | None = None if differentiable else {}
     timing = _BACKWARD_TIMING.setdefault(net.model, {}).setdefault(
         (net.sample_shape, net.input_dtype, net.dtype, x.device.type), _BackwardTiming())
-    way, spent = _backward_way(timing, differentiable), 0.0
+    timed = way is None
+    way, spent = (_backward_way(timing, differentiable) if timed else way), 0.0
     with recorder.recording(), torch.enable_grad():
         for start in range(0, n, step):
             rows = slice(start, min(n, start + step))
@@ -517,7 +523,7 @@ def stream(
             synchronize(x.device)
             spent += time.perf_counter() - began  # not consume's time: it may stream another set
             consume(rows, [t for piece in terms for t in piece])
-    if not differentiable:
+    if timed and not differentiable:
         if 1 <= timing.calls < len(_TIMED_WAYS):
             timing.seconds[way] = min(timing.seconds.get(way, float("inf")), spent / n)
         timing.calls += 1
@@ -530,8 +536,9 @@ def piece_terms(net: Network, tensors: dict[str, Tensor], x: Tensor) -> list[lis
         return _batch_terms(net, recorder, call_params(net.model, tensors, net.trainable), x, False)
 
 
-def extract(net: Network, tensors: dict[str, Tensor], x: Tensor, *, differentiable: bool = False) -> list[Term]:
-    """All features of ``x``."""
+def extract(net: Network, tensors: dict[str, Tensor], x: Tensor, *, differentiable: bool = False,
+            way: str | None = None) -> list[Term]:
+    """All features of ``x`` (``way``: as for :func:`stream`)."""
     parts: list[list[Term]] = []
     if differentiable:  # concatenation keeps the graph
         stream(net, tensors, x, lambda rows, t: parts.append(t), differentiable=True)
@@ -541,5 +548,5 @@ def extract(net: Network, tensors: dict[str, Tensor], x: Tensor, *, differentiab
     def consume(rows: slice, terms: list[Term]) -> None:
         out[0] = write_terms(out[0], rows, terms, x.shape[0])
 
-    stream(net, tensors, x, consume)
+    stream(net, tensors, x, consume, way=way)
     return out[0]

@@ -3,7 +3,7 @@ r"""The whole empirical NTK written block by block into a destination: a streame
 :func:`~lazykern.ntk.empirical_ntk` with ``out=`` calls :func:`write_ntk`. The kernel is cut into
 square tiles of ``B`` samples a side (the last ones shorter); each tile forms the features of its
 row block and of its column block (:func:`lazykern.ntk.features.extract`, the forms the cost rule
-picks for a ``B x B`` block) and their Gram (:func:`lazykern.ntk.products.dense`), and is written
+picks for a ``B x B`` block) and their Gram (``lazykern.ntk.products.dense``), and is written
 into the destination. A symmetric kernel (``x2`` omitted) forms the tiles on and above the diagonal
 and mirrors them. What is held at once: the features of two blocks and one tile, whatever the
 number of samples; :func:`block_size` picks the largest ``B`` whose features and tile fit
@@ -12,7 +12,9 @@ number of samples; :func:`block_size` picks the largest ``B`` whose features and
 A file destination (a path ending in ``.npy``) is created as a NumPy ``.npy`` file and written
 through a memory map; beside it, ``NAME.npy.progress.json`` records the tiles written (replaced
 atomically after each tile's data is flushed) and fingerprints of the model's parameters and
-buffers, the inputs, the mode and the tile size. Running the same job again continues where it
+buffers, the inputs, the mode and the tile size, and the backward way of the feature extraction
+(the faster on the first block; pinned, so that a resumed job writes the same bits as an
+uninterrupted one on the same machine and thread count). Running the same job again continues where it
 stopped (after Ctrl-C, or a killed process, the file holds every recorded tile; the tile in flight is
 formed again) and refuses, in one line, a model, an input or a mode that changed.
 
@@ -56,6 +58,7 @@ from ..validation import check_samples
 from . import features as feat
 from . import products
 from .plan import MODES, NTKPlan, build
+from .throughput import synchronize
 
 __all__ = ["NTKJobSummary", "block_size", "write_ntk"]
 
@@ -316,6 +319,7 @@ def write_ntk(
         "job": hashlib.sha256(json.dumps([mode, forms_used, block, str(plan.dtype), list(dest.shape)]).encode()).hexdigest(),
     }
     done = _resume(dest, fingerprints) if record is not None else set()
+    way = record.get("way") if record is not None else None
     row_blocks, col_blocks = _blocks(n1, side), _blocks(n2, side)
     tiles = _tiles(row_blocks, col_blocks, symmetric)
     summary = NTKJobSummary(dest.shape, side, len(tiles), resumed=sum(t in done for t in tiles))
@@ -326,8 +330,27 @@ def write_ntk(
 
     def save() -> None:
         dest.flush()
-        dest.write_record({"version": _RECORD_VERSION, "fingerprints": fingerprints, "block": block,
+        dest.write_record({"version": _RECORD_VERSION, "fingerprints": fingerprints, "block": block, "way": way,
                            "shape": list(dest.shape), "done": sorted(done)})
+
+    def features(source: _Samples, rows: slice) -> list:
+        nonlocal way
+        x = source.take(rows, device)
+        summary.feature_samples += rows.stop - rows.start
+        if way is not None:
+            return feat.extract(network, tensors, x, way=way)
+        # The job's one backward way, the faster on its first block, kept in the record: both ways are
+        # exact but round differently, and a resumed job must write the same bits as an uninterrupted one.
+        seconds = {}
+        for candidate in feat.BACKWARD_WAYS:  # first use of either way loads what it needs: not timed
+            feat.extract(network, tensors, x[:2], way=candidate)
+        for candidate in feat.BACKWARD_WAYS:
+            started = time.perf_counter()
+            terms = feat.extract(network, tensors, x, way=candidate)
+            synchronize(device)
+            seconds[candidate] = time.perf_counter() - started
+        way = min(seconds, key=seconds.get)
+        return terms if way == feat.BACKWARD_WAYS[-1] else feat.extract(network, tensors, x, way=way)
 
     save()
     bar = tqdm(total=sum(pairs(t) for t in tiles if t not in done), unit="pair", unit_scale=True,
@@ -339,17 +362,12 @@ def write_ntk(
                 todo = [j for (a, j) in tiles if a == i and (a, j) not in done]
                 if not todo:
                     continue
-                f1 = feat.extract(network, tensors, rows_src.take(rows, device))
-                summary.feature_samples += rows.stop - rows.start
+                f1 = features(rows_src, rows)
                 for j in todo:
                     started = time.perf_counter()
                     cols = col_blocks[j]
                     same = symmetric and i == j
-                    if same:
-                        f2 = f1
-                    else:
-                        f2 = feat.extract(network, tensors, cols_src.take(cols, device))
-                        summary.feature_samples += cols.stop - cols.start
+                    f2 = f1 if same else features(cols_src, cols)
                     tile = products.dense(f1, f2, mode)
                     r = slice(rows.start * k, rows.stop * k)
                     c = slice(cols.start * k, cols.stop * k)
