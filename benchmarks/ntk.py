@@ -28,6 +28,15 @@ Peers are optional and never lazykern dependencies:
   separately): ``NT_PYTHON`` (default ``/work/venvs/nt/bin/python``, built from
   ``/work/shared/bench-envs/neural-tangents.txt``); the convolutional nets and the MLP.
 
+``--scale`` runs the large-N series instead (``benchmarks/results/ntk_scale.*``): the CIFAR-style CNN's
+trace-mode kernel written to an ``.npy`` file by ``empirical_ntk(..., out=path)`` in tiles of 2,048
+samples at N = 1,024, 4,096, 16,384 and 30,000 (time, peak RSS increase, peak anonymous memory — what
+the job holds beyond the file's pages — and bytes written), torch.func's contraction at the same
+sizes under the same cap, conjugate gradients on the lazy trace NTK at N = 30,000 (kernel
+regression without the dense kernel), and the MLP's full-mode kernel (10 outputs) at ``--mlp-n``
+samples to disk. Files go to ``--scratch`` (default: a temporary folder) and are deleted after each
+cell.
+
 ``--conv-rule`` also times both forms of single convolutions (the layer alone is trainable) to
 check the cost rule that picks one (``lazykern.ntk.plan.choose_form``) against the measured times.
 
@@ -223,8 +232,158 @@ METHODS = ("lazykern", "torch_func", "nngeometry", "neural_tangents")
 NT_MAX_N = 128
 
 
-def _cap() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (AS_CAP, AS_CAP))
+SCALE_BLOCK = 2048
+SCALE_SIZES = (1024, 4096, 16384, 30000)
+
+# Peak anonymous memory (heap, tensors) by sampling /proc: VmHWM also counts the destination file's
+# pages that the memory map has touched, which the kernel may evict at any time.
+SCALE_COMMON = """
+import json, os, threading, time, tempfile, torch
+from torch import nn
+torch.manual_seed(0)
+N, MODE, SCRATCH = {n}, {mode!r}, {scratch!r}
+
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key + ":"))
+
+class AnonPeak(threading.Thread):
+    def __init__(self):
+        super().__init__(daemon=True); self.peak = status("RssAnon"); self.stop = False
+    def run(self):
+        while not self.stop:
+            self.peak = max(self.peak, status("RssAnon")); time.sleep(0.02)
+"""
+
+SCALE_WORKERS = {
+    "lazykern": """
+        from lazykern.ntk import empirical_ntk
+        empirical_ntk(net, x[:64], mode=MODE).to_dense()  # imports, rate probes
+        path = os.path.join(SCRATCH, f"ntk-{N}.npy")
+        base, anon = status("VmHWM"), status("RssAnon")
+        sampler = AnonPeak(); sampler.start()
+        t = time.perf_counter()
+        K = empirical_ntk(net, x, mode=MODE, out=path, block_size=BLOCK, progress=False)
+        seconds = time.perf_counter() - t
+        sampler.stop = True; sampler.join()
+        r = {"median_s": seconds, "peak_increase_mb": (status("VmHWM") - base) / 2**20,
+             "anon_increase_mb": (sampler.peak - anon) / 2**20, "bytes_written": os.path.getsize(path),
+             "first_entry_error": float(abs(K[0, 0] - empirical_ntk(net, x[:1], mode=MODE).to_dense()[0, 0]))}
+        del K; os.remove(path); os.remove(path + ".progress.json")
+    """,
+    "torch_func": """
+        from torch.func import functional_call, jacrev, vmap
+        params = {k: p.detach() for k, p in net.named_parameters()}
+        def f(p, xi):
+            return functional_call(net, p, (xi[None],))[0]
+        def ntk(x):
+            jac = vmap(jacrev(f), (None, 0))(params, x)
+            j = torch.cat([a.flatten(2) for a in jac.values()], dim=2); del jac
+            return torch.einsum("iop,jop->ij", j, j)
+        ntk(x[:64])  # warm-up
+        base = status("VmHWM")
+        t = time.perf_counter()
+        K = ntk(x)
+        r = {"median_s": time.perf_counter() - t, "peak_increase_mb": (status("VmHWM") - base) / 2**20}
+    """,
+    "lazykern_cg": """
+        from lazykern import settings
+        from lazykern.ntk import empirical_ntk
+        from lazykern.solvers import cg
+        from linear_operator.operators import DiagLinearOperator
+        y = torch.randn(N, 1)
+        base, anon = status("VmHWM"), status("RssAnon")
+        sampler = AnonPeak(); sampler.start()
+        t = time.perf_counter()
+        with settings.max_dense_bytes(BUDGET or settings.max_dense_bytes.value()):
+            K = empirical_ntk(net, x, mode="trace")
+            A = K + DiagLinearOperator(torch.full((N,), float(K.diagonal().mean()) * 1e-2))
+            _, result = cg(A, y, tol=1e-4, max_iter=ITERS)
+        seconds = time.perf_counter() - t
+        sampler.stop = True; sampler.join()
+        r = {"median_s": seconds, "peak_increase_mb": (status("VmHWM") - base) / 2**20,
+             "anon_increase_mb": (sampler.peak - anon) / 2**20, "iterations": result.iterations,
+             "relative_residual": float(result.relative_residuals.max())}
+    """,
+}
+
+SCALE_NETS = {
+    "cifar_cnn": """
+        net = nn.Sequential(nn.Conv2d(3, 16, 5, padding=2), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2, padding=1),
+                            nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+        x = torch.randn(N, 3, 16, 16)
+    """,
+    "mlp": """
+        net = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+        x = torch.randn(N, 784)
+    """,
+}
+
+def scale(scratch: str, mlp_n: int, cg_n: int, cg_iters: int, cg_budget: int | None, sizes: tuple[int, ...],
+          timeout: float, methods: tuple[str, ...] = ("lazykern", "torch_func")) -> list[dict]:
+    """The large-N series (module docstring); one subprocess per cell under the address-space cap."""
+    rows = []
+
+    def cell(row: dict, body: str, mapped: int = 0) -> None:
+        code = SCALE_COMMON.format(n=row["N"], mode=row["mode"], scratch=scratch)
+        code += f"BLOCK, ITERS, BUDGET = {SCALE_BLOCK}, {cg_iters}, {cg_budget}\n"
+        code += textwrap.dedent(body) + 'print("RESULT " + json.dumps(r))\n'
+        row.update(_run(code, sys.executable, timeout, mapped))
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+
+    for n in sizes:
+        for method in methods:
+            cell({"method": method, "net": "cifar_cnn", "N": n, "mode": "trace"},
+                 textwrap.dedent(SCALE_NETS["cifar_cnn"]) + textwrap.dedent(SCALE_WORKERS[method]),
+                 mapped=4 * n * n if method == "lazykern" else 0)
+    if cg_n:
+        method = "lazykern_cg" if cg_budget is None else f"lazykern_cg (max_dense_bytes {cg_budget / 2**30:g} GiB)"
+        cell({"method": method, "net": "cifar_cnn", "N": cg_n, "mode": "trace"},
+             textwrap.dedent(SCALE_NETS["cifar_cnn"]) + textwrap.dedent(SCALE_WORKERS["lazykern_cg"]))
+    if mlp_n:
+        cell({"method": "lazykern", "net": "mlp", "N": mlp_n, "mode": "full"},
+             textwrap.dedent(SCALE_NETS["mlp"]) + textwrap.dedent(SCALE_WORKERS["lazykern"]), mapped=4 * (10 * mlp_n) ** 2)
+    return rows
+
+
+def scale_markdown(rows: list[dict], note: str) -> str:
+    lines = [f"float32, {platform.processor() or platform.machine()}, {os.cpu_count()} cores; one run per cell "
+             f"(tiles of {SCALE_BLOCK} samples; time of the whole job; peak RSS increase includes the output "
+             "file's pages mapped by the job, the anonymous peak does not; a cell that maps its output file "
+             "has the cap raised by the file's size, which is address space, not memory)."
+             + (f" {note}" if note else ""), "",
+             "| net | N | mode | method | time (s) | peak RSS increase (MB) | anonymous peak increase (MB) | "
+             "written (MB) | note |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {r['net']} | {r['N']} | {r['mode']} | {r['method']} | {r['status']} | | | | |")
+            continue
+        anon = f"{r['anon_increase_mb']:.0f}" if "anon_increase_mb" in r else ""
+        written = f"{r['bytes_written'] / 2**20:.1f}" if "bytes_written" in r else ""
+        note_ = (f"{r['iterations']} CG iterations, relative residual {r['relative_residual']:.1e}"
+                 if "iterations" in r else "")
+        lines.append(f"| {r['net']} | {r['N']} | {r['mode']} | {r['method']} | {r['median_s']:.1f} | "
+                     f"{r['peak_increase_mb']:.0f} | {anon} | {written} | {note_} |")
+    return "\n".join(lines) + "\n"
+
+
+def scale_rst(rows: list[dict]) -> str:
+    out = ['.. csv-table:: Large N: the kernel written to disk in tiles of 2,048 samples (float32, this machine)',
+           '   :header: "net", "N", "mode", "method", "time (s)", "peak RSS increase (MB)", '
+           '"anonymous peak increase (MB)", "written (MB)"', ""]
+    for r in rows:
+        ok = r["status"] == "ok"
+        time_s = f"{r['median_s']:.1f}" if ok else r["status"].replace('"', "'")
+        peak = f"{r['peak_increase_mb']:.0f}" if ok else ""
+        anon = f"{r['anon_increase_mb']:.0f}" if ok and "anon_increase_mb" in r else ""
+        written = f"{r['bytes_written'] / 2**20:.1f}" if ok and "bytes_written" in r else ""
+        out.append(f'   {r["net"]}, {r["N"]}, {r["mode"]}, {r["method"]}, "{time_s}", "{peak}", "{anon}", "{written}"')
+    return "\n".join(out) + "\n"
+
+
+def _cap(extra: int = 0) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (AS_CAP + extra, AS_CAP + extra))
 
 
 def _python(method: str) -> str:
@@ -242,11 +401,13 @@ def _code(method: str, net: str, n: int, mode: str, repeats: int) -> str | None:
     return common + TORCH_SETUP + textwrap.dedent(spec["torch"]) + textwrap.dedent(WORKERS[method]) + TAIL
 
 
-def _run(code: str, python: str, timeout: float) -> dict:
+def _run(code: str, python: str, timeout: float, mapped: int = 0) -> dict:
+    """Run a cell under the address-space cap, raised by ``mapped`` bytes for an output file the
+    cell maps into memory (its address space, not memory: the pages go to the file)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3",
            "OMP_WAIT_POLICY": "PASSIVE"}
     try:
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout, preexec_fn=_cap,
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout, preexec_fn=lambda: _cap(mapped),
                              env=env)
     except subprocess.TimeoutExpired:
         return {"status": f"timeout ({timeout:.0f} s)"}
@@ -410,7 +571,43 @@ def main() -> None:
     parser.add_argument("--methods", nargs="*", choices=METHODS, default=list(METHODS))
     parser.add_argument("--note", default="", help="what else ran on the machine meanwhile (printed with the tables)")
     parser.add_argument("--render", action="store_true", help="only rewrite the tables from the JSON results")
+    parser.add_argument("--scale", action="store_true", help="the large-N series instead (module docstring)")
+    parser.add_argument("--sizes", nargs="*", type=int, default=list(SCALE_SIZES), help="--scale: the CNN's N")
+    parser.add_argument("--mlp-n", type=int, default=10_000, help="--scale: samples of the full-mode MLP (0: none)")
+    parser.add_argument("--cg-n", type=int, default=30_000, help="--scale: samples of the CG solve (0: none)")
+    parser.add_argument("--cg-iters", type=int, default=3, help="--scale: CG iterations timed (default 3)")
+    parser.add_argument("--cg-budget-gib", type=float, default=None,
+                        help="--scale: max_dense_bytes for the CG solve (default: lazykern's default)")
+    parser.add_argument("--append", action="store_true",
+                        help="--scale: merge these cells into the existing results (same cell: replaced)")
+    parser.add_argument("--scratch", default=None, help="--scale: folder for the kernel files (default: a temporary one)")
     args = parser.parse_args()
+    if args.scale:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(dir=args.scratch) as scratch:
+            started = time.time()
+            budget = None if args.cg_budget_gib is None else int(args.cg_budget_gib * 2**30)
+            methods = tuple(m for m in ("lazykern", "torch_func") if m in args.methods)
+            rows = scale(scratch, args.mlp_n, args.cg_n, args.cg_iters, budget, tuple(args.sizes), timeout=7200,
+                         methods=methods)
+        payload = {"machine": {"processor": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                               "wall_s": time.time() - started, "note": args.note}, "rows": rows}
+        if args.append and (RESULTS / "ntk_scale.json").exists():
+            last = json.loads((RESULTS / "ntk_scale.json").read_text())
+            key = lambda r: (r["method"], r["net"], r["N"], r["mode"])  # noqa: E731
+            new = {key(r) for r in rows}
+            rows = sorted([r for r in last["rows"] if key(r) not in new] + rows,
+                          key=lambda r: (r["net"] != "cifar_cnn", r["method"].startswith("lazykern_cg"), r["N"],
+                                         r["method"]))
+            payload = {**last, "rows": rows, "appended": payload["machine"]}
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "ntk_scale.json").write_text(json.dumps(payload, indent=2) + "\n")
+        text = scale_markdown(rows, args.note)
+        (RESULTS / "ntk_scale.md").write_text(text)
+        (RESULTS / "ntk_scale.rst").write_text(scale_rst(rows))
+        print(text)
+        return
     if args.render:
         payload = json.loads((RESULTS / "ntk.json").read_text())
         write(payload, quick=False)
