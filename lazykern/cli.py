@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any, Iterator, NoReturn, Sequence, TextIO
 
 from . import __version__
+from .data.checksums import SHA256
+from .data.layout import FILES, NUM_SPLITS, default_cache_dir, training_points
 from .kernel_names import (
     ADAM_PLATEAU_WINDOW,
     COMPARE_KERNELS,
@@ -111,6 +113,17 @@ def _int_at_least(minimum: int):
 _positive_int = _int_at_least(1)
 
 
+def _split(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < NUM_SPLITS:
+        raise argparse.ArgumentTypeError(f"expected one of the {NUM_SPLITS} standard splits, 0-{NUM_SPLITS - 1}, "
+                                         f"got {text!r}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -174,7 +187,7 @@ def _build_parser() -> argparse.ArgumentParser:
                               "RMSE and NLPD. Data: --data-dir, else $LAZYKERN_DATA, else downloaded once "
                               "(checksum-verified) from the uci_datasets collection into ~/.cache/lazykern/uci.")
     uci.add_argument("dataset", help="dataset name, e.g. pol, elevators, bike, kin40k, protein, keggdirected")
-    uci.add_argument("--split", type=int, default=0, help="standard train/test split, 0-9 (default 0)")
+    uci.add_argument("--split", type=_split, default=0, help="standard train/test split, 0-9 (default 0)")
     uci.add_argument("--data-dir", type=Path, default=None, help="folder with one sub-folder per dataset")
     common(uci, CPU_DEFAULT_N_TRAIN, "all")
 
@@ -243,8 +256,38 @@ def _check_folder(flag: str, path: Path) -> None:
         raise _UsageError(f"{flag} {path}: folder {path.parent} does not exist; create it or choose another path")
 
 
+def _check_dataset(args: argparse.Namespace) -> None:
+    """``lazykern uci``'s dataset: a known name or a folder of the data folder, a data folder that
+    exists, and at most as many ``--n-train`` points as the split has; read with the standard library
+    (before torch is imported), from the data where it is already on disk."""
+    if args.data_dir is not None:
+        root, flag = args.data_dir, f"--data-dir {args.data_dir}"
+    elif os.environ.get("LAZYKERN_DATA"):
+        root, flag = Path(os.environ["LAZYKERN_DATA"]), f"$LAZYKERN_DATA ({os.environ['LAZYKERN_DATA']})"
+    else:
+        root, flag = None, None
+    if root is not None and not root.is_dir():
+        raise _UsageError(f"{flag}: folder does not exist; point it at the folder that holds one sub-folder per dataset "
+                          f"(pol/, elevators/, ...), or leave it out to download the data")
+    folder = (root if root is not None else default_cache_dir()) / args.dataset
+    if args.dataset not in SHA256 and not (folder / FILES[0]).is_file():
+        where = f", nor a folder of {flag}" if flag else ""
+        raise _UsageError(f"unknown UCI dataset {args.dataset!r}: not in the uci_datasets collection{where}; choose "
+                          f"one of: {', '.join(SHA256)}")
+    if args.n_train is not None and (folder / FILES[1]).is_file():
+        try:
+            available = training_points(folder, args.split)
+        except (OSError, ValueError, IndexError):
+            return  # a damaged file: the loader says what is wrong with it
+        if args.n_train > available:
+            raise _UsageError(f"--n-train {args.n_train} exceeds the {available} training points of "
+                              f"{args.dataset} split {args.split}; use at most {available}, or leave it out")
+
+
 def _check_options(args: argparse.Namespace) -> None:
     """Mistakes a flag combination makes, found before any data is read or anything trained."""
+    if args.command == "uci":
+        _check_dataset(args)
     if args.json is not None and not _json_to_stdout(args.json):
         _check_folder("--json", args.json)
     if args.max_degree is not None and args.kernel not in INTERACTION_KERNELS:

@@ -148,6 +148,27 @@ def test_answers_before_importing_anything_heavy(args, status, stream, text):
     assert not {m.split(".")[0] for m in modules} & set(HEAVY), sorted(m for m in modules if m.split(".")[0] in HEAVY)
 
 
+@pytest.mark.parametrize(
+    "args, text",
+    [
+        (["uci", "pol", "--split", "99"], "argument --split: expected one of the 10 standard splits"),
+        (["uci", "pol", "--data-dir", "/missing"], "--data-dir /missing: folder does not exist"),
+        (["uci", "pol", "--n-train", "99999", "--data-dir", "{root}"], "--n-train 99999 exceeds the 360 training"),
+        (["uci", "NOPE"], "unknown UCI dataset 'NOPE': not in the uci_datasets collection"),
+        (["uci", "NOPE", "--data-dir", "{root}"], "nor a folder of --data-dir"),
+    ],
+)
+def test_dataset_mistakes_name_the_flag_before_importing_anything_heavy(uci_fixture, args, text):
+    """The split, the data folder, the training-set size and the dataset name are checked with the
+    standard library, in the user's words (the flag, not the API argument), before torch loads."""
+    args = [a.format(root=uci_fixture.root) for a in args]
+    proc = run_cli(args, python_flags=("-X", "importtime"))
+    assert proc.returncode == 2 and text in proc.stderr, proc.stderr[-2000:]
+    modules = imported_modules(proc)
+    assert "lazykern.cli" in modules or "lazykern" in modules, "importtime output was not parsed"
+    assert not {m.split(".")[0] for m in modules} & set(HEAVY), sorted(m for m in modules if m.split(".")[0] in HEAVY)
+
+
 def test_version_is_the_package_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"lazykern {lazykern.__version__}\n"
@@ -157,7 +178,7 @@ def test_version_is_the_package_version(capsys):
     "args, message",
     [
         (["uci", "nosuchdata"], "unknown UCI dataset 'nosuchdata'"),
-        (["uci", "pol", "--split", "10"], "split must be an int in 0..9"),
+        (["uci", "pol", "--split", "10"], "argument --split: expected one of the 10 standard splits, 0-9, got '10'"),
         (["uci", "pol", "--n-train", "99999"], "exceeds the 360 training points"),
         (["uci", "pol", "--kernel", "nosuchkernel"], "invalid choice: 'nosuchkernel'"),
         (["uci", "pol", "--iters", "0"], "expected an integer >= 1, got '0'"),

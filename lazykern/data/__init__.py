@@ -1,22 +1,25 @@
 """UCI regression datasets: locate or download (checksum-verified), split and standardize.
 
+The names below are imported on first use (PEP 562): the ``lazykern`` command reads
+``lazykern.data.layout`` and ``lazykern.data.checksums`` (standard library only) to check a
+dataset name, folder and size before anything imports torch.
+
 Example:
     >>> from lazykern.data import load_uci
     >>> data = load_uci("pol", split=0, n_train=2000)  # doctest: +SKIP
 """
 
-from .uci import (
-    DATASETS,
-    DEFAULT_BASE_URL,
-    NUM_SPLITS,
-    DownloadError,
-    UCISplit,
-    default_cache_dir,
-    fetch_uci,
-    load_uci,
-    locate_uci,
-)
-from .synthetic import synthetic_additive
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_FROM = {
+    "uci": ("DATASETS", "DEFAULT_BASE_URL", "DownloadError", "UCISplit", "fetch_uci", "load_uci", "locate_uci"),
+    "layout": ("NUM_SPLITS", "default_cache_dir"),
+    "synthetic": ("synthetic_additive",),
+}
+_ORIGIN = {name: module for module, names in _FROM.items() for name in names}
 
 __all__ = [
     "DATASETS",
@@ -30,3 +33,16 @@ __all__ = [
     "locate_uci",
     "synthetic_additive",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _ORIGIN.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module_name}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

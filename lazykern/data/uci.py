@@ -34,6 +34,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .checksums import SHA256
+from .layout import FILES, NUM_SPLITS, default_cache_dir
 
 __all__ = [
     "DATASETS",
@@ -53,8 +54,6 @@ DATASETS: tuple[str, ...] = tuple(SHA256)
 DEFAULT_BASE_URL = "https://raw.githubusercontent.com/treforevans/uci_datasets/master/uci_datasets"
 """Where :func:`fetch_uci` downloads from unless ``base_url`` or ``LAZYKERN_UCI_URL`` says otherwise."""
 
-NUM_SPLITS = 10
-FILES = ("data.csv.gz", "test_mask.csv.gz")
 _TIMEOUT_SECONDS = 60
 
 
@@ -120,12 +119,6 @@ class UCISplit:
     def y_to_original(self, y: Tensor) -> Tensor:
         r"""Standardized targets or predictions back in original units, :math:`\sigma_y y + \mu_y`."""
         return y * self.y_std + self.y_mean
-
-
-def default_cache_dir() -> Path:
-    """The download cache: ``$XDG_CACHE_HOME/lazykern/uci``, by default ``~/.cache/lazykern/uci``."""
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(root) / "lazykern" / "uci"
 
 
 def _check_name(name: object) -> str:
