@@ -273,6 +273,26 @@ def _resume(dest: _Destination, fingerprints: dict[str, str]) -> set[tuple[int, 
     return {tuple(t) for t in record["done"]}
 
 
+#: Samples on which a job times the two backward ways (a stream of several extraction batches).
+WAY_PROBE_SAMPLES = 256
+
+
+def _faster_way(network: feat.Network, tensors: Mapping[str, Tensor], x: Tensor, device: torch.device) -> str:
+    """The job's one backward way: the faster on ``x``, each timed once after an untimed warm-up (the
+    first use of either loads what it needs). Both ways are exact but round differently, so the job
+    keeps its way in the progress record: a resumed job writes the same bits as an uninterrupted one."""
+    for way in feat.BACKWARD_WAYS:
+        feat.extract(network, tensors, x[:2], way=way)
+    seconds = {}
+    for way in feat.BACKWARD_WAYS:
+        synchronize(device)
+        started = time.perf_counter()
+        feat.extract(network, tensors, x, way=way)
+        synchronize(device)
+        seconds[way] = time.perf_counter() - started
+    return min(seconds, key=seconds.get)
+
+
 def write_ntk(
     model: nn.Module,
     x1: Any,
@@ -337,20 +357,9 @@ def write_ntk(
         nonlocal way
         x = source.take(rows, device)
         summary.feature_samples += rows.stop - rows.start
-        if way is not None:
-            return feat.extract(network, tensors, x, way=way)
-        # The job's one backward way, the faster on its first block, kept in the record: both ways are
-        # exact but round differently, and a resumed job must write the same bits as an uninterrupted one.
-        seconds = {}
-        for candidate in feat.BACKWARD_WAYS:  # first use of either way loads what it needs: not timed
-            feat.extract(network, tensors, x[:2], way=candidate)
-        for candidate in feat.BACKWARD_WAYS:
-            started = time.perf_counter()
-            terms = feat.extract(network, tensors, x, way=candidate)
-            synchronize(device)
-            seconds[candidate] = time.perf_counter() - started
-        way = min(seconds, key=seconds.get)
-        return terms if way == feat.BACKWARD_WAYS[-1] else feat.extract(network, tensors, x, way=way)
+        if way is None and len(tiles) > 1:  # one tile is never written by two runs: nothing to pin
+            way = _faster_way(network, tensors, x[:WAY_PROBE_SAMPLES], device)
+        return feat.extract(network, tensors, x, way=way)
 
     save()
     bar = tqdm(total=sum(pairs(t) for t in tiles if t not in done), unit="pair", unit_scale=True,
