@@ -5,12 +5,10 @@ a dense build), at most :class:`lazykern.settings.chunk_bytes` of pairwise tempo
 Nothing of a block is kept for the backward pass: each derivative recomputes its blocks (hand-made
 checkpointing).
 
-Derivatives of every order: the first backward pass of a product that builds no graph (training)
-runs block by block on detached tensors, as fast as it can. A backward pass that must itself be
-differentiable (``create_graph=True``: Hessians, Hessian-vector products, gradient penalties) is a
-``_BlockSum`` — the sum over row blocks of the blocks' vector-Jacobian products — whose own
-backward is again a ``_BlockSum``, of *its* vector-Jacobian product. Each order therefore
-keeps the memory bound of one block, and the other engines (:mod:`lazykern.cpu`, KeOps) take
+Derivatives of every order: every backward pass is a ``_BlockSum`` (the sum over row blocks of
+the blocks' vector-Jacobian products), whose own backward is again a ``_BlockSum``, of *its*
+vector-Jacobian product; a pass that builds no graph (training) computes each block's product on
+detached tensors and keeps nothing. Each order therefore keeps the memory bound of one block, and the other engines (:mod:`lazykern.cpu`, KeOps) take
 their higher derivatives from here (:func:`vjp`): the derivative of a vector-Jacobian product is a
 different reduction from the ones their passes compile.
 
@@ -194,28 +192,14 @@ class _RowBlocks(torch.autograd.Function):
                 out = values.new_empty(*values.shape[:-2], x1.shape[-2], values.shape[-1])
             out[..., rows, :] = values
             del values
-        ctx.formula, ctx.names, ctx.step = formula, names, step
+        ctx.formula, ctx.names = formula, names
         ctx.save_for_backward(x1, x2, *tensors)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):  # noqa: D102 - autograd protocol
-        inputs = ctx.saved_tensors
-        wanted = ctx.needs_input_grad[3:]
-        if torch.is_grad_enabled():  # create_graph=True: the gradient must be differentiable again
-            return (None, None, None, *vjp(ctx.formula, ctx.names, inputs, wanted, grad_out))
-        grads = [torch.zeros_like(t) if w else None for t, w in zip(inputs, wanted)]
-        for rows in row_blocks(inputs[0].shape[-2], ctx.step):
-            with torch.enable_grad():
-                leaves = [t.detach().requires_grad_(w) for t, w in zip(inputs, wanted)]
-                values = block(ctx.formula, leaves[0][..., rows, :], leaves[1], ctx.names, *leaves[2:])
-                targets = [leaf for leaf, w in zip(leaves, wanted) if w]
-                block_grads = iter(torch.autograd.grad(values, targets, grad_out[..., rows, :], allow_unused=True))
-            for i, w in enumerate(wanted):
-                g = next(block_grads) if w else None
-                if g is not None:
-                    grads[i] += g
-        return (None, None, None, *grads)
+        # One path for every order: without create_graph the blocks' products build no graph.
+        return (None, None, None, *vjp(ctx.formula, ctx.names, ctx.saved_tensors, ctx.needs_input_grad[3:], grad_out))
 
 
 def rowwise(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor | None) -> Tensor:

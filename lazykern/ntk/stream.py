@@ -57,7 +57,7 @@ from .. import settings
 from ..validation import check_samples
 from . import features as feat
 from . import products
-from .plan import MODES, NTKPlan, build
+from .plan import MODES, NTKPlan, apply_forms, build
 from .throughput import synchronize
 
 __all__ = ["NTKJobSummary", "block_size", "write_ntk"]
@@ -320,17 +320,17 @@ def write_ntk(
     n1, n2 = len(rows_src), len(cols_src)
     device = next((t.device for t in feat.model_tensors(model).values()), torch.device("cpu"))
     probe = rows_src.take(slice(0, min(n1, 64)), device)
-    _, first_plan, _ = build(model, probe, None, mode=mode, backend="dense", forms=forms, sample_ndim=probe.dim() - 1)
-    k = first_plan.outputs if mode == "full" else 1
-    dest = _Destination(out, (n1 * k, n2 * k), first_plan.dtype)
+    other = None if symmetric else cols_src.take(slice(0, min(n2, 64)), device)
+    network, plan, tensors = build(model, probe, other, mode=mode, backend="dense", forms=forms,
+                                   sample_ndim=probe.dim() - 1)
+    k = plan.outputs if mode == "full" else 1
+    dest = _Destination(out, (n1 * k, n2 * k), plan.dtype)
     record = dest.read_record()
     if block is None:  # a resumed job keeps its tiles
-        block = record["block"] if record is not None else block_size(first_plan, n1, n2)
+        block = record["block"] if record is not None else block_size(plan, n1, n2)
     side = min(block, max(n1, n2))
-    sample = rows_src.take(slice(0, min(n1, side)), device)
-    other = None if symmetric else cols_src.take(slice(0, min(n2, side)), device)
-    network, plan, tensors = build(model, sample, other, mode=mode, backend="dense", forms=forms,
-                                   sample_ndim=sample.dim() - 1)
+    # the forms the cost rule picks for one tile (the network's pieces are the plan's)
+    apply_forms(plan.pieces, forms, mode, min(n1, side), min(n2, side), plan.itemsize, shared=symmetric)
     forms_used = {p.name: p.form for p in plan.pieces}
     fingerprints = {
         "model": _model_fingerprint(tensors),
