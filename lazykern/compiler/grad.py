@@ -1,4 +1,4 @@
-r"""Symbolic reverse-mode differentiation of a :class:`~lazykern.cpu.trace.Graph`.
+r"""Symbolic reverse-mode differentiation of a :class:`~lazykern.compiler.trace.Graph`.
 
 Given roots :math:`k_r` with seeds :math:`s_r` (expressions too: the pair weights of a gradient
 pass), :func:`adjoints` builds expressions for :math:`\bar v = \sum_r s_r\, \partial k_r / \partial v`
