@@ -33,11 +33,10 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ..compiler.plan import Reduction, compact
+from ..compiler.trace import BINARY, Node, Unsupported
 
-from .trace import BINARY, Graph, Node, Unsupported
-
-__all__ = ["Reduction", "generate", "TILES"]
+__all__ = ["Reduction", "compact", "generate", "TILES"]
 
 #: Inner points per tile, by C type (measured on AVX2: 32 doubles were slower, 128 floats no faster).
 TILES = {"float": 64, "double": 64}
@@ -49,64 +48,8 @@ _FUNCS = {
                "abs": "fabs", "pow": "pow"},
 }
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-#: Operations that are loops over the feature axis (see ``lazykern.cpu.trace``), not elementwise.
+#: Operations that are loops over the feature axis (see ``lazykern.compiler.trace``), not elementwise.
 RECURRENCES = ("esym", "esym_vjp")
-
-
-@dataclass(frozen=True)
-class Reduction:
-    """One generated reduction (see the module docstring); hashable, and its ``repr`` is the cache key.
-
-    Leaves of ``nodes`` are bound by name: ``outer`` names are ``(rows, width)`` row-major inputs of
-    the outer side, ``inner`` names ``(width, Mp)`` dimension-major inputs of the inner side,
-    ``params`` per-batch vectors, and ``weights`` pair weights, each ``(name, "dot", a, b)`` (the dot
-    product of outer vector array ``a`` with inner vector array ``b`` over the runtime column count)
-    or ``(name, "pair")`` (entry ``(i, j)`` of a dense ``(rows, M)`` array).
-    ``outer_vecs``/``inner_vecs`` count the ``(rows, C)`` and ``(C, Mp)`` column arrays.
-    ``matmul`` is ``(node, inner vector index)``.
-    """
-
-    nodes: tuple[Node, ...]
-    outer: tuple[str, ...]
-    inner: tuple[str, ...]
-    params: tuple[str, ...]
-    weights: tuple[tuple, ...]
-    outer_vecs: int
-    inner_vecs: int
-    sums: tuple[int, ...]
-    matmul: tuple[int, int] | None
-    store: int | None
-    dtype: str
-
-    def operands(self) -> list[str]:
-        """The buffer roles, in the order of the generated function's pointer array."""
-        roles = [f"outer:{n}" for n in self.outer] + [f"inner:{n}" for n in self.inner]
-        roles += [f"param:{n}" for n in self.params]
-        roles += [f"ovec:{a}" for a in range(self.outer_vecs)] + [f"ivec:{a}" for a in range(self.inner_vecs)]
-        roles += [f"pair:{w[0]}" for w in self.weights if w[1] == "pair"]
-        if self.sums:
-            roles.append("out:sums")
-        if self.matmul is not None:
-            roles.append("out:matmul")
-        if self.store is not None:
-            roles.append("out:store")
-        return roles
-
-    @property
-    def sums_width(self) -> int:
-        return sum(self.nodes[n].width for n in self.sums)
-
-
-def compact(graph: Graph, outputs: list[int]) -> tuple[tuple[Node, ...], dict[int, int]]:
-    """The nodes ``outputs`` depend on, renumbered from 0 in topological order (a canonical form:
-    two traces of one formula give equal tuples whatever else their graphs hold)."""
-    keep = graph.reachable(outputs)
-    new = {old: k for k, old in enumerate(keep)}
-    nodes = tuple(
-        Node(graph.nodes[old].op, tuple(new[a] for a in graph.nodes[old].args), graph.nodes[old].attr, graph.nodes[old].width)
-        for old in keep
-    )
-    return nodes, new
 
 
 def generate(red: Reduction, name: str = "lk_reduce") -> str:

@@ -1,0 +1,209 @@
+r"""Which passes a product, a dense block and the fused symmetric gradient run, on any target.
+
+The forward and backward passes of :math:`Y = K V` (:math:`\bar Y` the incoming gradient):
+
+* forward, over rows of ``x1``: :math:`Y_i = \sum_j k(x_i, z_j) V_j`;
+* backward, over rows of ``x1`` (job ``"gradA"``): :math:`\sum_j \langle \bar Y_i, V_j\rangle\,
+  \partial k/\partial x_i` and the per-row parts of :math:`\partial/\partial\theta` (summed over rows
+  afterwards);
+* backward, over rows of ``x2`` (job ``"gradB"``, only when ``x2`` or ``V`` needs a gradient):
+  :math:`\sum_i \langle \bar Y_i, V_j\rangle\, \partial k/\partial z_j` and
+  :math:`\bar V_j = \sum_i k(x_i, z_j) \bar Y_i`, in the same pass.
+
+A dense block :math:`K` has the same two backward passes with the weights read from the incoming
+gradient matrix :math:`G` (``"gradA-pair"``, ``"gradB-pair"``); :math:`K(x, x)` of one tensor takes
+one pass weighted by :math:`G` and :math:`G^\top` (``"sym-pair"``). Each pass is planned by
+:func:`lazykern.compiler.plan._program`; which passes run, and how their outputs become the
+gradients autograd expects, is decided here, once for every target.
+
+A *target* is a module of a compiled engine (:mod:`lazykern.cpu.reductions`,
+:mod:`lazykern.triton.reductions`) with four functions, looked up at call time:
+
+* ``_check(formula, x1, x2, params)``: raise ``ValueError`` naming what the target cannot evaluate;
+* ``_forward_matmul(formula, x1, x2, params, rhs, transposed=False)`` and
+  ``_forward_dense(formula, x1, x2, params)``: the forward passes, ``(*batch, N, C)`` and
+  ``(*batch, N, M)``;
+* ``_grad_pass(formula, job, x1, x2, params, want, batch, vecs)``: one backward pass, returning the
+  gradient of its outer input, the product :math:`K^\top \bar Y` (or ``None``) and the per-row
+  parameter gradients by name, each ``(*batch, rows, width)``; ``vecs`` holds ``"dots"`` (pairs of
+  column arrays whose dot products weight the pairs) or ``"pairs"`` (dense weight matrices).
+
+Second derivatives (``create_graph=True``) come from the torch engine's row blocks
+(:func:`lazykern.torch_engine.vjp`) on every target: the derivative of a gradient pass is another
+reduction with other weights.
+
+Example:
+    >>> import torch
+    >>> from lazykern.cpu import reductions
+    >>> from lazykern.formulas import StationaryFormula
+    >>> x = torch.randn(30, 2, dtype=torch.float64, requires_grad=True)
+    >>> v = torch.randn(30, 1, dtype=torch.float64)
+    >>> matmul(reductions, StationaryFormula("rbf"), x, x, {}, v).sum().backward()
+    >>> x.grad.shape
+    torch.Size([30, 2])
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Callable, Mapping
+
+import torch
+from torch import Tensor
+
+from .. import torch_engine
+
+Formula = Callable[..., object]
+
+__all__ = ["dense", "matmul", "symmetric_gradients"]
+
+
+def _batch(*tensors: Tensor) -> torch.Size:
+    """The broadcast batch shape of ``(..., rows, width)`` tensors."""
+    return torch.broadcast_shapes(*(t.shape[:-2] for t in tensors))
+
+
+def _param_grads(params: Mapping[str, Tensor], grads: dict[str, Tensor], batch: torch.Size) -> list[Tensor | None]:
+    out = []
+    for name, p in params.items():
+        g = grads.get(name)
+        out.append(None if g is None else g.sum(-2).reshape(*batch, 1, p.shape[-1]).sum_to_size(p.shape))
+    return out
+
+
+def _input_grad(g: Tensor | None, t: Tensor, batch: torch.Size) -> Tensor | None:
+    return None if g is None else g.reshape(*batch, *t.shape[-2:]).sum_to_size(t.shape)
+
+
+def _differentiable_backward(ctx, inputs: tuple[Tensor, ...], grad_out: Tensor) -> list[Tensor | None]:
+    """The gradients of a backward pass that must itself be differentiable (``create_graph=True``:
+    Hessians, Hessian-vector products), for ``inputs`` ``(x1, x2, *parameters[, rhs])``.
+
+    The compiled passes give first derivatives only; the derivative of a gradient pass is another
+    reduction with other weights, so these come from the torch engine's row blocks, differentiable
+    to any order (:func:`lazykern.torch_engine.vjp`): exact, and one block in memory at a time."""
+    needs = ctx.needs_input_grad[3:]
+    if len(inputs) > 2 + len(ctx.names):  # a product: autograd's order is x1, x2, rhs, *parameters
+        needs = (needs[0], needs[1], *needs[3:], needs[2])
+    return torch_engine.vjp(ctx.formula, ctx.names, inputs, needs, grad_out)
+
+
+class _Matmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, target, formula, names, x1, x2, rhs, *values):  # noqa: D102 - autograd protocol
+        params = dict(zip(names, values))
+        ctx.target, ctx.formula, ctx.names = target, formula, names
+        ctx.save_for_backward(x1, x2, rhs, *values)
+        return target._forward_matmul(formula, x1, x2, params, rhs, transposed=False)
+
+    @staticmethod
+    def backward(ctx, grad_out):  # noqa: D102 - autograd protocol
+        x1, x2, rhs, *values = ctx.saved_tensors
+        need_x1, need_x2, need_rhs, *need_p = ctx.needs_input_grad[3:]
+        if torch.is_grad_enabled():  # create_graph=True: see _differentiable_backward
+            gx1, gx2, *gp, grhs = _differentiable_backward(ctx, (x1, x2, *values, rhs), grad_out)
+            return (None, None, None, gx1, gx2, grhs, *gp)
+        grad_pass = ctx.target._grad_pass
+        params = dict(zip(ctx.names, values))
+        wanted_p = tuple(n for n, w in zip(ctx.names, need_p) if w)
+        batch = _batch(x1, x2, rhs, grad_out, *values)
+        grad_out = grad_out.contiguous()
+        gx1 = gx2 = grhs = None
+        grads: dict[str, Tensor] = {}
+        a_runs = need_x1 or (wanted_p and not (need_x2 or need_rhs))
+        if a_runs:
+            want = (("x",) if need_x1 else ()) + wanted_p
+            gx1, _, grads = grad_pass(ctx.formula, "gradA", x1, x2, params, want, batch, {"dots": [(grad_out, rhs.detach())]})
+        if need_x2 or need_rhs:
+            want = (("x",) if need_x2 else ()) + (() if a_runs else wanted_p) + (("rhs",) if need_rhs else ())
+            gx2, grhs, more = grad_pass(ctx.formula, "gradB", x1, x2, params, want, batch, {"dots": [(rhs.detach(), grad_out)]})
+            grads.update(more)
+        return (
+            None,
+            None,
+            None,
+            _input_grad(gx1, x1, batch),
+            _input_grad(gx2, x2, batch),
+            _input_grad(grhs, rhs, batch),
+            *_param_grads(params, grads, batch),
+        )
+
+
+class _Dense(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, target, formula, names, x1, x2, *values):  # noqa: D102 - autograd protocol
+        ctx.target, ctx.formula, ctx.names, ctx.same_inputs = target, formula, names, x1 is x2
+        ctx.save_for_backward(x1, x2, *values)
+        return target._forward_dense(formula, x1, x2, dict(zip(names, values)))
+
+    @staticmethod
+    def backward(ctx, grad_out):  # noqa: D102 - autograd protocol
+        x1, x2, *values = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: see _differentiable_backward
+            return (None, None, None, *_differentiable_backward(ctx, (x1, x2, *values), grad_out))
+        grad_pass = ctx.target._grad_pass
+        params = dict(zip(ctx.names, values))
+        need_x1, need_x2, *need_p = ctx.needs_input_grad[3:]
+        wanted_p = tuple(n for n, w in zip(ctx.names, need_p) if w)
+        batch = _batch(x1, x2, grad_out, *values)
+        gx1 = gx2 = None
+        grads: dict[str, Tensor] = {}
+        if ctx.same_inputs and need_x1:
+            # K(x, x): the gradients reaching x through both sides in one pass over rows, weighted
+            # by G and G^T (half the work of a pass over rows of x1 plus one over rows of x2).
+            want = ("x",) + wanted_p
+            pairs = [grad_out, grad_out.transpose(-1, -2).contiguous()]
+            gx1, _, grads = grad_pass(ctx.formula, "sym-pair", x1, x1, params, want, batch, {"pairs": pairs})
+            return (None, None, None, _input_grad(gx1, x1, batch), None, *_param_grads(params, grads, batch))
+        a_runs = need_x1 or (wanted_p and not need_x2)
+        if a_runs:
+            want = (("x",) if need_x1 else ()) + wanted_p
+            gx1, _, grads = grad_pass(ctx.formula, "gradA-pair", x1, x2, params, want, batch, {"pairs": [grad_out]})
+        if need_x2:
+            want = ("x",) + (() if a_runs else wanted_p)
+            gx2, _, more = grad_pass(
+                ctx.formula, "gradB-pair", x1, x2, params, want, batch, {"pairs": [grad_out.transpose(-1, -2)]}
+            )
+            grads.update(more)
+        return (
+            None, None, None, _input_grad(gx1, x1, batch), _input_grad(gx2, x2, batch), *_param_grads(params, grads, batch)
+        )
+
+
+def matmul(target: ModuleType, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
+    r""":math:`K(x_1, x_2)\, V` on ``target``, differentiable in ``x1``, ``x2``, ``rhs`` and every
+    parameter (the contract of :func:`lazykern.cpu.matmul`; ``rhs`` ``(..., M, C)`` or ``(M,)``)."""
+    target._check(formula, x1, x2, params)
+    vector = rhs.dim() == 1
+    if vector:
+        rhs = rhs.unsqueeze(-1)
+    if rhs.dtype != x1.dtype or rhs.device != x1.device:
+        raise ValueError(f"rhs must be a tensor of dtype {x1.dtype} on {x1.device}, got {rhs.dtype} on {rhs.device}")
+    if rhs.shape[-2] != x2.shape[-2]:
+        raise ValueError(f"rhs must have {x2.shape[-2]} rows (the points of x2), got shape {tuple(rhs.shape)}")
+    out = _Matmul.apply(target, formula, tuple(params), x1, x2, rhs, *params.values())
+    return out.squeeze(-1) if vector else out
+
+
+def dense(target: ModuleType, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
+    """The ``(..., N, M)`` matrix on ``target``, differentiable in ``x1``, ``x2`` and every parameter
+    (the contract of :func:`lazykern.cpu.dense`)."""
+    target._check(formula, x1, x2, params)
+    return _Dense.apply(target, formula, tuple(params), x1, x2, *params.values())
+
+
+def symmetric_gradients(
+    target: ModuleType, formula: Formula, x: Tensor, params: Mapping[str, Tensor], left: Tensor, right: Tensor
+) -> tuple[Tensor | None, dict[str, Tensor | None]]:
+    r"""The gradients of :math:`\sum_{ij} \langle l_i, r_j\rangle\, k(x_i, x_j)` for ``x`` (both
+    occurrences) and each parameter requiring grad, in one pass (job ``"sym"``) on ``target``
+    (the contract of :func:`lazykern.cpu.symmetric_gradients`)."""
+    target._check(formula, x, x, params)
+    want = (("x",) if x.requires_grad else ()) + tuple(n for n, p in params.items() if p.requires_grad)
+    if not want:
+        return None, {n: None for n in params}
+    left, right = left.detach(), right.detach()
+    batch = _batch(x, left, right, *params.values())
+    gx, _, grads = target._grad_pass(formula, "sym", x, x, params, want, batch, {"dots": [(left, right), (right, left)]})
+    values = _param_grads(params, grads, batch)
+    return _input_grad(gx, x, batch), dict(zip(params, values))
