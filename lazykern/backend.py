@@ -23,13 +23,14 @@ Formulas return a trailing axis of size 1 per pair (as KeOps does), which the to
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Mapping
 
 import torch
 import torch.utils.checkpoint
 from torch import Tensor
 
-from . import cpu, settings, torch_engine
+from . import cpu, keops_cuda, settings, torch_engine
 from .keops import keops_lazy_tensor, keops_session, padded_size
 from .torch_engine import pairwise_params, rows_per_chunk
 
@@ -38,6 +39,7 @@ Formula = Callable[..., object]
 __all__ = [
     "elementwise",
     "engine_for",
+    "engine_report",
     "fold_columns",
     "pairwise_dense",
     "pairwise_matmul",
@@ -47,21 +49,31 @@ __all__ = [
 
 
 def engine_for(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> str:
-    """The engine (``"cpu"``, ``"keops"`` or ``"torch"``) that evaluates ``formula`` on these tensors
-    under the current :class:`lazykern.settings.engine`.
+    """The engine (``"cpu"``, ``"keops"``, ``"triton"`` or ``"torch"``) that evaluates ``formula`` on
+    these tensors under the current :class:`lazykern.settings.engine`.
 
     ``"auto"``: the torch engine for formulas that declare a ``pair_width`` (matrix products, best
     left to BLAS); else the CPU engine for CPU tensors it supports (:func:`lazykern.cpu.supports`;
-    it compiles in about a second and beats the torch engine's row blocks at any size); else KeOps
-    when both sides have at least :class:`lazykern.settings.keops_min_size` points, the torch
-    engine below (a KeOps compile costs 5-40 s). A side
-    with a single point always runs on the torch engine: KeOps reads a ``(..., 1, 1, D)`` tensor as
-    a parameter, not as one point, and would silently reduce over the wrong axis.
+    it compiles in about a second and beats the torch engine's row blocks at any size); else, when
+    both sides have at least :class:`lazykern.settings.keops_min_size` points (a GPU compile costs
+    seconds), KeOps, on a CUDA device only where it passes its health check
+    (:func:`lazykern.keops_cuda.health`) and otherwise the Triton engine where it supports the
+    formula (one warning names KeOps' problem and the engine used); below the threshold, the torch
+    engine. Until a measurement on the device says otherwise, a healthy KeOps is preferred to Triton.
+    A side with a single point always runs on the torch engine: KeOps reads a ``(..., 1, 1, D)``
+    tensor as a parameter, not as one point, and would silently reduce over the wrong axis.
+
+    A forced ``"keops"`` on a CUDA device where KeOps fails its health check raises one
+    ``RuntimeError`` naming the cause (the process would otherwise die in KeOps' compile).
+    :func:`engine_report` says which engine a device gets, and why.
     """
     n, m = x1.shape[-2], x2.shape[-2]
     if n < 2 or m < 2:
         return "torch"
     choice = settings.engine.value()
+    on_gpu = x1.device.type == "cuda"
+    if choice == "keops" and on_gpu:
+        keops_cuda.require(x1.device)
     if choice != "auto":
         return choice
     if hasattr(formula, "pair_width"):
@@ -69,7 +81,76 @@ def engine_for(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Te
     if cpu.supports(formula, x1, x2, params):
         return "cpu"
     threshold = settings.keops_min_size.value()
-    return "keops" if n >= threshold and m >= threshold else "torch"
+    if n < threshold or m < threshold:
+        return "torch"
+    if not on_gpu:
+        return "keops"
+    health = keops_cuda.health(x1.device)
+    if health.ok:
+        return "keops"
+    engine = "triton" if _triton_runs(formula, x1, x2, params) else "torch"
+    _warn_once(f"{health.cause}; using the {engine} engine instead")
+    return engine
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def _triton_runs(formula: Formula | None, x1: Tensor | None, x2: Tensor | None, params: Mapping[str, Tensor]) -> bool:
+    """Whether lazykern's Triton engine runs here (and takes ``formula``, when one is given)."""
+    try:
+        from . import triton as triton_engine
+    except ImportError:  # Triton (or its lazykern engine) is not installed
+        return False
+    if not triton_engine.available():
+        return False
+    return formula is None or triton_engine.supports(formula, x1, x2, params)
+
+
+def engine_report(device: torch.device | str | None = None) -> str:
+    """One line saying which engine kernel reductions on ``device`` get under the current
+    :class:`lazykern.settings.engine`, and why (on a GPU: KeOps' health verdict, its cause and the
+    stack it was checked on, and whether Triton runs). Runs KeOps' health check on a GPU
+    (:func:`lazykern.keops_cuda.health`: a subprocess the first time a stack is seen).
+
+    Args:
+        device: a ``torch.device`` or its name; default: the first CUDA device if there is one, else the CPU.
+
+    Example:
+        >>> print(engine_report("cpu"))  # doctest: +ELLIPSIS
+        cpu: engine 'auto': lazykern's CPU engine for the formulas it compiles...
+    """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    choice = settings.engine.value()
+    if device.type != "cuda":
+        if choice != "auto":
+            return f"{device}: engine {choice!r} (forced by lazykern.settings.engine)"
+        return (f"{device}: engine 'auto': lazykern's CPU engine for the formulas it compiles, KeOps for the "
+                "others, the torch engine for matrix-product formulas and for fewer than "
+                f"{settings.keops_min_size.value()} points")
+    if not torch.cuda.is_available():
+        return f"{device}: no CUDA device visible to torch"
+    health = keops_cuda.health(device)
+    stack = ", ".join(f"{k} {v}" for k, v in health.stack.items())
+    keops = (f"KeOps passed its health check ({stack}{'; cached verdict' if health.cached else ''})" if health.ok
+             else f"KeOps cannot run: {health.cause} ({stack})")
+    triton = "Triton runs" if _triton_runs(None, None, None, {}) else "Triton is not available"
+    if choice != "auto":
+        picked = f"{choice!r} (forced by lazykern.settings.engine)"
+    elif health.ok:
+        picked = "'keops' (healthy KeOps is preferred until a measurement on this device says otherwise)"
+    else:
+        picked = ("'triton' for the formulas it supports, else 'torch'" if triton == "Triton runs"
+                  else "'torch' (the chunked torch engine)")
+    return f"{device}: {keops}; {triton}; engine {picked}"
 
 
 def _in_name_order(params: Mapping[str, Tensor]) -> dict[str, Tensor]:

@@ -519,6 +519,10 @@ def _precompile(args: argparse.Namespace, out: TextIO) -> int:
         dims.append(_dataset_dims(name, args.data_dir, progress=not args.quiet))
     dims = list(dict.fromkeys(dims or PRECOMPILE_DIMS))
     device = str(_device(args.device))
+    if not args.quiet and (args.verbose or device.startswith("cuda")):  # which engine, and why (GPU: its health check)
+        from .backend import engine_report
+
+        print(engine_report(device), file=sys.stderr, flush=True)
     items = [(k, d, t) for k in kernels for d in dims for t in dtypes]
     jobs = min(args.jobs, len(items))
     if not args.quiet:

@@ -298,6 +298,10 @@ class _LazykernLoader:
         self._loaded: dict[str, Any] = {}
 
     def __call__(self, *args: Any) -> Any:
+        if not self._lazykern_builds:  # the GPU loader: KeOps' health check (a subprocess) first
+            from .keops_cuda import require
+
+            require(args[4])  # generic_red passes (tagCPUGPU, tag1D2D, tagHostDevice, use_ranges, device_id, ...)
         options = args[-1]
         flags = options.get(_MARK) if (self._lazykern_builds and isinstance(options, dict)) else None
         if flags is None:
