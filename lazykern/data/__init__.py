@@ -1,4 +1,4 @@
-"""UCI regression datasets: locate or download (checksum-verified), split and standardize.
+"""UCI regression datasets: locate or download (checksum-verified), check what they hold, split and standardize.
 
 The names below are imported on first use (PEP 562): the ``lazykern`` command reads
 ``lazykern.data.layout`` and ``lazykern.data.checksums`` (standard library only) to check a
@@ -16,6 +16,7 @@ from typing import Any
 
 _FROM = {
     "uci": ("DATASETS", "DEFAULT_BASE_URL", "DownloadError", "UCISplit", "fetch_uci", "load_uci", "locate_uci"),
+    "checks": ("DataError",),
     "layout": ("NUM_SPLITS", "default_cache_dir"),
     "synthetic": ("synthetic_additive",),
 }
@@ -25,6 +26,7 @@ __all__ = [
     "DATASETS",
     "DEFAULT_BASE_URL",
     "NUM_SPLITS",
+    "DataError",
     "DownloadError",
     "UCISplit",
     "default_cache_dir",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import gzip
 import os
+import zlib
 from pathlib import Path
 
 __all__ = ["FILES", "NUM_SPLITS", "default_cache_dir", "training_points"]
@@ -34,5 +35,8 @@ def training_points(folder: Path, split: int) -> int:
     """The number of training points of ``split`` (rows whose mask column ``split`` is 0), read from
     ``folder/test_mask.csv.gz``; ``OSError`` or ``ValueError`` for a file that does not read (the
     loader then says what is wrong with it)."""
-    with gzip.open(folder / FILES[1], "rt", newline="") as f:
-        return sum(float(row[split]) == 0 for row in csv.reader(f) if row)
+    try:
+        with gzip.open(folder / FILES[1], "rt", newline="") as f:
+            return sum(float(row[split]) == 0 for row in csv.reader(f) if row)
+    except (EOFError, zlib.error) as err:  # a cut or damaged gzip stream raises neither of the documented two
+        raise ValueError(f"{folder / FILES[1]}: {err}") from None

@@ -18,7 +18,6 @@ of the UCI repository and of their donors.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import os
 import tempfile
@@ -33,6 +32,7 @@ from filelock import FileLock
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .checks import MIN_TRAINING_POINTS, check_split, check_training, read_dataset
 from .checksums import SHA256
 from .layout import FILES, NUM_SPLITS, default_cache_dir
 
@@ -249,11 +249,6 @@ def locate_uci(name: str, data_dir: str | os.PathLike | None = None, *, progress
     )
 
 
-def _read_csv(path: Path, dtype: type) -> np.ndarray:
-    with gzip.open(path, "rt") as f:
-        return np.loadtxt(f, delimiter=",", dtype=dtype, ndmin=2)
-
-
 def _standardize(train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mean = train.mean(axis=0)
     std = train.std(axis=0)
@@ -293,6 +288,11 @@ def load_uci(
         ValueError: a bad argument value (checked before any file is read).
         TypeError: an argument of the wrong type (checked before any file is read).
         FileNotFoundError: the data folder lacks the dataset.
+        DataError: a file that does not hold what the layout promises (a :class:`ValueError` naming the
+            file, row and column): not gzip or cut short, a ragged row, a field that is not a number,
+            a NaN or infinite value anywhere in the file (whichever rows the split and ``n_train``
+            use), a mask that is not 0/1, fewer than 2 training points or no test point, a constant
+            training target, or training inputs that are all one point.
         DownloadError: the dataset had to be downloaded and could not be.
 
     Example:
@@ -304,8 +304,11 @@ def load_uci(
     """
     if isinstance(split, bool) or not isinstance(split, int) or not 0 <= split < NUM_SPLITS:
         raise ValueError(f"split must be an int in 0..{NUM_SPLITS - 1}, got {split!r}")
-    if n_train is not None and (isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < 1):
-        raise ValueError(f"n_train must be a positive int or None (all training points), got {n_train!r}")
+    if n_train is not None and (
+        isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < MIN_TRAINING_POINTS
+    ):
+        raise ValueError(f"n_train must be a positive int of at least {MIN_TRAINING_POINTS} (standardizing divides by "
+                         f"the training points' spread) or None (all training points), got {n_train!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {seed!r}")
     if dtype not in (torch.float32, torch.float64):
@@ -316,14 +319,9 @@ def load_uci(
         raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda', got {device!r}") from err
 
     folder = locate_uci(name, data_dir, progress=progress)
-    data = _read_csv(folder / "data.csv.gz", np.float64)
-    test_mask = _read_csv(folder / "test_mask.csv.gz", np.float64) != 0
-    if test_mask.shape != (data.shape[0], NUM_SPLITS) or data.shape[1] < 2:
-        raise ValueError(
-            f"{folder} is not in the uci_datasets layout: data.csv.gz has shape {data.shape} (expected n rows, "
-            f"d + 1 >= 2 columns) and test_mask.csv.gz {test_mask.shape} (expected ({data.shape[0]}, {NUM_SPLITS}))"
-        )
+    data, test_mask = read_dataset(folder)
     test = test_mask[:, split]
+    check_split(folder, test, split)
     train_rows = np.flatnonzero(~test)
     if n_train is not None:
         if n_train > train_rows.size:
@@ -332,6 +330,7 @@ def load_uci(
             )
         chosen = np.random.default_rng(seed).choice(train_rows.size, size=n_train, replace=False)
         train_rows = train_rows[np.sort(chosen)]
+    check_training(folder, data, train_rows, split, subset=n_train is not None)
     train, test_data = data[train_rows], data[test]
     mean, std = _standardize(train)
     train, test_data = (train - mean) / std, (test_data - mean) / std
