@@ -46,16 +46,19 @@ def training_parser(doc: str) -> argparse.ArgumentParser:
     return p
 
 
-def load(name: str, *, n_train: int, dtype, split: int = 0, data_dir: Path | None = None):
-    """The UCI dataset ``name`` (split, subset of ``n_train`` training points), or, for
+def load(name: str, *, n_train: int | None, dtype, split: int = 0, data_dir: Path | None = None, seed: int = 0,
+         device="cpu"):
+    """The UCI dataset ``name`` (split, subset of ``n_train`` training points, ``None``: all), or, for
     ``name == "synthetic"``, :func:`lazykern.data.synthetic_additive` (6 inputs, no files needed).
-    Mistakes (unknown name, missing folder, offline, too many points) end the example in one line."""
+    Mistakes (unknown name, missing folder, offline, too many points) and damaged files (the loader's
+    ``DataError``, naming the file, row and column) end the example in one line."""
     from lazykern.data import load_uci, synthetic_additive
 
     try:
         if name == "synthetic":
-            return synthetic_additive(n_train, 500, 6, dtype=dtype)
-        return load_uci(name, split, n_train=n_train, dtype=dtype, data_dir=data_dir, progress=True)
+            return synthetic_additive(n_train, 500, 6, seed=seed, dtype=dtype, device=device)
+        return load_uci(name, split, n_train=n_train, seed=seed, dtype=dtype, device=device, data_dir=data_dir,
+                        progress=True)
     except (ValueError, TypeError, OSError) as err:
         fail(str(err))
 

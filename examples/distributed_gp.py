@@ -23,7 +23,7 @@ import gpytorch
 import torch
 import torch.distributed as dist
 
-from lazykern.data import load_uci
+from _common import load
 from lazykern.distributed import ShardedKernel
 from lazykern.regression import KERNELS, PeakMemory, build_model, hyperparameters, make_kernel, train
 from lazykern.solvers import KernelRidge
@@ -67,8 +67,8 @@ def main() -> None:
     rank, workers = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)  # the same stochastic probes on every worker
     dtype = getattr(torch, args.dtype)
-    data = load_uci(args.dataset, split=args.split, n_train=args.n_train or None, seed=args.seed, dtype=dtype,
-                    device=device, data_dir=args.data_dir)
+    data = load(args.dataset, split=args.split, n_train=args.n_train or None, seed=args.seed, dtype=dtype,
+                device=device, data_dir=args.data_dir)
     model, likelihood = build_model(data.train_x, data.train_y, ShardedKernel(make_kernel(args.kernel, data.d)))
     with PeakMemory(device) as peak:
         start = time.perf_counter()

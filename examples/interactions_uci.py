@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from lazykern.data import load_uci
+from _common import load
 from lazykern.regression import fit_evaluate, plot_components
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -29,7 +29,7 @@ args = parser.parse_args()
 
 torch.manual_seed(0)
 torch.set_flush_denormal(True)  # float32 denormals make CPU LAPACK ~10x slower
-data = load_uci(args.dataset, split=0, n_train=args.n_train, dtype=torch.float64)
+data = load(args.dataset, n_train=args.n_train, dtype=torch.float64)
 result = fit_evaluate(data.train_x, data.train_y, data.test_x, data.test_y, kernel=args.kernel,
                       max_degree=args.max_degree, y_scale=data.y_std, max_cholesky_size=args.n_train, progress=False)
 print(f"{args.dataset}: n_train={data.n_train}, d={data.d}, kernel={args.kernel} (orders 1..{result.max_degree})")
