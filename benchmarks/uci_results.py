@@ -297,6 +297,20 @@ plateau window. ARD and Newton–Girard over all 26 orders ran under the 30-step
 notes): Newton–Girard 0.086 against ARD's 0.085, though its NLPD is worse (0.14 against 0.08). Both
 losses were still falling. Under the 10-step window Newton–Girard had stopped after 96 steps at 0.208,
 and ARD had run 200 steps to 0.083. OAK's row is for a longer run or a GPU.
+
+What the loader checks
+----------------------
+
+:func:`lazykern.data.load_uci` checks every row of both files before it splits them, and refuses a
+damaged file with one line, a :class:`lazykern.data.DataError` naming the file, the row (a line of the
+decompressed file) and the column, both counted from 1, and what was expected: a file that is not
+gzip or is cut short, a row with another number of columns than the first, a field that is not a
+number (a header row too), a NaN or infinite value in any row (whether or not the split or the
+``n_train`` subset uses it), a test mask without one 0/1 column per split for each data row, a split
+with fewer than 2 training points or no test point, a target that is constant over the training
+points, or training inputs that are all one point. Repeated points are accepted: keggdirected
+repeats two thirds of its rows, and an exact GP with a noise term fits them. ``lazykern uci`` and
+the examples print that line and exit with status 2.
 """
 
 
