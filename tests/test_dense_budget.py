@@ -121,3 +121,66 @@ def test_budget_is_honoured_at_the_boundary(dense_calls):
         assert dense_calls == [(n, n)], "the dense matrix must be built once and reused by later matvecs"
     for a, b in zip(below, at):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _tiny_ntk(n: int):
+    """A small network's trace NTK on ``n`` samples, products on the torch engine (features kept)."""
+    gen = torch.Generator().manual_seed(5)
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).double()
+    x = torch.randn(n, 3, generator=gen, dtype=torch.float64)
+    return lazykern.ntk.empirical_ntk(net, x, mode="trace", backend="dense"), x
+
+
+def test_kernel_matrices_and_ntk_features_share_one_budget(dense_calls):
+    """One cache and one budget per device for kernel matrices and NTK features: storing either
+    evicts the least recently used entry of either kind, and the total never exceeds the budget."""
+    from lazykern.operators import DENSE_CACHE
+
+    n = 40
+    cpu = torch.device("cpu")
+    x = torch.randn(n, 4, dtype=torch.float64)
+    kernel = lazykern.RBFKernel()
+    rhs = torch.ones(n, 2, dtype=torch.float64)
+    K, _ = _tiny_ntk(n)
+    v = torch.ones(n, dtype=torch.float64)
+    DENSE_CACHE.clear()
+    with settings.engine("torch"), torch.no_grad():
+        K @ v
+        features = DENSE_CACHE.held(cpu)
+        DENSE_CACHE.clear()
+        matrix = n * n * 8
+        assert 0 < features and len(K.cache) == 0
+        budget = features + matrix - 1  # either alone fits, both together do not
+        with settings.max_dense_bytes(budget):
+            op = kernel(x)
+            expected = op @ rhs
+            assert DENSE_CACHE.held(cpu) == matrix and dense_calls == [(n, n)]
+            K @ v  # the features evict the kernel matrix
+            assert len(K.cache) == 1 and DENSE_CACHE.held(cpu) == features
+            again = op @ rhs  # the kernel matrix is formed again and evicts the features
+            assert dense_calls == [(n, n)] * 2 and len(K.cache) == 0 and DENSE_CACHE.held(cpu) == matrix
+    assert torch.equal(again, expected)
+    del K
+    DENSE_CACHE.clear()
+
+
+def test_ntk_plans_read_the_budget_of_their_device(monkeypatch):
+    """The NTK's plan, tiles and feature cache use the budget of the tensors' device
+    (``max_dense_bytes.for_device``), not a quarter of host memory on every device."""
+    import dataclasses
+
+    from lazykern.ntk.plan import dense_blocks
+    from lazykern.operators import DENSE_CACHE
+
+    K, x = _tiny_ntk(8)
+    DENSE_CACHE.clear()
+    monkeypatch.setattr(settings, "_available_memory_bytes", lambda: 0)  # no host memory to spare
+    monkeypatch.setattr(settings, "_free_cuda_bytes", lambda device: 2**40)  # a large GPU
+    on_gpu = dataclasses.replace(K.plan, device=torch.device("cuda", 0))
+    assert K.plan.device == x.device and dense_blocks(K.plan, 8, 8, True) == (8, True)
+    assert dense_blocks(on_gpu, 8, 8, True) == (1, False)
+    with torch.no_grad():
+        K @ torch.ones(8, dtype=torch.float64)
+    assert len(K.cache) == 0, "features kept beyond the CPU's budget"

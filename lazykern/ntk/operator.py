@@ -5,14 +5,13 @@ from __future__ import annotations
 import itertools
 import math
 import time
-import weakref
 from typing import Any, Mapping
 
 import torch
 from linear_operator.operators import LinearOperator
 from torch import Tensor, nn
 
-from .. import settings
+from ..operators.dense_cache import DENSE_CACHE
 from . import features as feat
 from . import products
 from .linearized import linearized_matmul
@@ -25,40 +24,37 @@ __all__ = ["NTKOperator", "empirical_ntk", "MODES", "BACKENDS"]
 
 
 class _FeatureCache:
-    """Features of the inputs an operator family has met, for repeated products (CG).
+    """The features of the inputs that the operators derived from one :func:`empirical_ntk` call
+    have met, for repeated products (CG), kept in the dense cache
+    (:data:`~lazykern.operators.dense_cache.DENSE_CACHE`, this object its owner: the features die
+    with the operators) under its one budget per device.
 
-    Keyed by the input tensor object (held weakly: a tensor that dies takes its entry's validity
-    with it, and a new tensor at the same address never matches), its version counter, the batch
-    element, and the operator's first parameter tensor (so ``.double()`` copies miss). Only
-    features formed without a graph are kept, and only while the total stays within
-    :class:`lazykern.settings.max_dense_bytes` (oldest dropped first). Not pickled.
+    Per input tensor (held weakly: a new tensor at the same address never matches), its version,
+    the batch element, and the network's tensors by identity and version (so ``.double()`` copies
+    and optimizer steps miss). Only features formed without a graph are kept. A copy (``pickle``,
+    ``deepcopy``) is a new owner and starts empty.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.ntk.terms import Explicit
+        >>> cache, x, w = _FeatureCache(), torch.randn(3, 2), torch.randn(4)
+        >>> cache.put(x, (), (w,), [Explicit(torch.ones(3, 1, 4))])
+        >>> cache.get(x, (), (w,))[0].e.shape, cache.get(x, (), (w.clone(),)), len(cache)
+        (torch.Size([3, 1, 4]), None, 1)
     """
 
-    def __init__(self) -> None:
-        self._entries: dict[tuple, tuple[weakref.ref, tuple[int, ...], list[Term], int]] = {}
-
-    @staticmethod
-    def _versions(x: Tensor, tensors: tuple[Tensor, ...]) -> tuple[int, ...]:
-        # an optimizer step changes the parameters in place, which bumps their version counters
-        return (x._version, *(t._version for t in tensors))
-
     def get(self, x: Tensor, item: tuple, tensors: tuple[Tensor, ...]) -> list[Term] | None:
-        entry = self._entries.get((id(x), item, id(tensors[0])))
-        if entry is None or entry[0]() is not x or entry[1] != self._versions(x, tensors):
-            return None
-        return entry[2]
+        """The features of batch element ``item`` of ``x`` under the network tensors ``tensors``."""
+        return DENSE_CACHE.lookup(self, (x, *tensors), None, slot=(id(x), id(tensors[0]), item))
+
+    def __len__(self) -> int:
+        """How many feature sets are kept."""
+        return DENSE_CACHE.count(self)
 
     def put(self, x: Tensor, item: tuple, tensors: tuple[Tensor, ...], terms: list[Term]) -> None:
-        size = terms_bytes(terms)
-        budget = settings.max_dense_bytes.value()
-        if size > budget:
-            return
-        self._entries[(id(x), item, id(tensors[0]))] = (weakref.ref(x), self._versions(x, tensors), terms, size)
-        while sum(e[3] for e in self._entries.values()) > budget:
-            del self._entries[next(iter(self._entries))]
-
-    def __getstate__(self) -> dict:
-        return {"_entries": {}}
+        """Keep ``terms`` as the features of batch element ``item`` of ``x`` (if they fit the budget)."""
+        DENSE_CACHE.store(self, (x, *tensors), None, terms, slot=(id(x), id(tensors[0]), item),
+                          nbytes=terms_bytes(terms), device=x.device)
 
 
 class NTKOperator(LinearOperator):

@@ -35,7 +35,7 @@ from typing import Mapping
 import torch
 from torch import Tensor, nn
 
-from .. import settings
+from ..operators.dense_cache import DENSE_CACHE
 from ..validation import check_samples
 from . import features as feat
 from .features import batch_bytes
@@ -57,31 +57,37 @@ BACKENDS = ("auto", "keops", "dense", "linearized")
 #: milliseconds (and, the first time on a machine, a compilation of tens of seconds).
 KEOPS_CANDIDATE_SECONDS = 0.1
 
+_CPU = torch.device("cpu")
+
 #: Features a dense block may hold at once, as a share of the block's own bytes.
 TILE_MEMORY_SHARE = 0.25
 #: Extra feature extraction that sample tiles may add, as a share of the block's predicted work.
 TILE_EXTRA_WORK = 0.1
 
 
-def choose_form(piece: Piece, mode: str, n1: int, n2: int, itemsize: int, shared: bool = False) -> str:
-    """The form with the least predicted work among those whose features fit the memory budget
-    (``shared``: both sides are the same samples, whose features are formed once)."""
+def choose_form(piece: Piece, mode: str, n1: int, n2: int, itemsize: int, shared: bool = False,
+                device: torch.device | None = None) -> str:
+    """The form with the least predicted work among those whose features fit the dense budget of
+    ``device`` (default the CPU; :meth:`lazykern.operators.dense_cache.DenseCache.budget`);
+    ``shared``: both sides are the same samples, whose features are formed once."""
     if len(piece.forms) == 1:
         return piece.forms[0]
     samples = n1 if shared else n1 + n2
     work = {f: samples * piece.feature_macs(f) + n1 * n2 * piece.pair_macs(mode, f) for f in piece.forms}
     memory = {f: samples * piece.feature_numel(f) * itemsize for f in piece.forms}
-    fitting = [f for f in piece.forms if memory[f] <= settings.max_dense_bytes.value()]
+    budget = DENSE_CACHE.budget(_CPU if device is None else device)
+    fitting = [f for f in piece.forms if memory[f] <= budget]
     if not fitting:
         return min(piece.forms, key=memory.get)
     return min(fitting, key=work.get)
 
 
 def apply_forms(
-    pieces: list[Piece], forms: str | Mapping[str, str] | None, mode: str, n1: int, n2: int, itemsize: int, shared: bool
+    pieces: list[Piece], forms: str | Mapping[str, str] | None, mode: str, n1: int, n2: int, itemsize: int, shared: bool,
+    device: torch.device | None = None,
 ) -> None:
     """Set each piece's form: the override in ``forms`` (one form for every piece that has it, or a
-    mapping from layer or piece names), else :func:`choose_form`."""
+    mapping from layer or piece names), else :func:`choose_form` (on ``device``)."""
     if isinstance(forms, str) and forms not in FORMS:
         raise ValueError(f"forms must be one of {FORMS}, a mapping of layer names to them, or None; got {forms!r}")
     overrides: dict[str, str] = {}
@@ -98,7 +104,7 @@ def apply_forms(
     for p in pieces:
         wanted = overrides.get(p.name, overrides.get(p.layer)) if overrides else forms
         if wanted is None or (isinstance(forms, str) and wanted not in p.forms):
-            p.form = choose_form(p, mode, n1, n2, itemsize, shared)
+            p.form = choose_form(p, mode, n1, n2, itemsize, shared, device)
         elif wanted not in p.forms:
             raise ValueError(f"layer {p.name!r} ({p.module}) has forms {p.forms}, not {wanted!r}")
         else:
@@ -119,6 +125,7 @@ class NTKPlan:
         pieces: one :class:`~lazykern.ntk.rules.Piece` per parameter block (``name``, ``rule``,
             ``form``, ``forms``, ``tokens``, ``feature_numel()``, ``pair_macs(mode)``).
         forward_macs: predicted multiply-adds of one forward pass, per sample.
+        dtype, device: the network's (the device's dense budget bounds the features held at once).
     """
 
     mode: str
@@ -127,6 +134,7 @@ class NTKPlan:
     outputs: int
     pieces: list[Piece] = field(default_factory=list)
     dtype: torch.dtype = torch.float64
+    device: torch.device = field(default_factory=lambda: _CPU)
 
     @property
     def itemsize(self) -> int:
@@ -202,7 +210,8 @@ def choose_backend(plan: NTKPlan, n1: int, n2: int, num_rhs: int, features_cache
         t_\text{linearized} = \frac{\big(4 (N_1 + N_2)\, w_\text{forward} + 6 P\big)\, C\, (k \text{ in trace mode})}{R_\text{network}},
 
     the extraction term only when the features are not cached. The feature backends are
-    candidates only when the features of both sides fit :class:`lazykern.settings.max_dense_bytes`,
+    candidates only when the features of both sides fit the dense budget of ``device``
+    (:meth:`lazykern.operators.dense_cache.DenseCache.budget`),
     KeOps only when the pairwise part would take more than :data:`~lazykern.ntk.plan.KEOPS_CANDIDATE_SECONDS` on the
     torch engine.
     """
@@ -210,7 +219,7 @@ def choose_backend(plan: NTKPlan, n1: int, n2: int, num_rhs: int, features_cache
     samples = n1 if shared else n1 + n2
     columns = num_rhs * (plan.outputs if mode == "trace" else 1)
     times: dict[str, float] = {}
-    fits = features_cached or plan.feature_bytes(samples) <= settings.max_dense_bytes.value()
+    fits = features_cached or plan.feature_bytes(samples) <= DENSE_CACHE.budget(device)
     dense = sum(p.matmul_macs(mode, n1, n2, num_rhs) for p in plan.pieces)
     rates = measured_rates(device, plan.dtype, keops=False)
     # per column: a pull-back and a push-forward through the network, each filling a gradient buffer per parameter
@@ -230,12 +239,13 @@ def choose_backend(plan: NTKPlan, n1: int, n2: int, num_rhs: int, features_cache
 
 def dense_blocks(plan: NTKPlan, n1: int, n2: int, shared: bool) -> tuple[int, bool]:
     """Sample blocks per side for a dense ``(n1, n2)`` block by memory (module docstring), and whether
-    :class:`lazykern.settings.max_dense_bytes` demands them (else :func:`tiles_pay_off` decides).
+    the dense budget of the plan's device (:meth:`lazykern.operators.dense_cache.DenseCache.budget`)
+    demands them (else :func:`tiles_pay_off` decides).
     1 block holds every feature at once; ``B > 1`` hold one row block's and one column block's."""
     samples = n1 if shared else n1 + n2
     features = plan.feature_bytes(samples)
     k = plan.outputs if plan.mode == "full" else 1
-    cap = settings.max_dense_bytes.value()
+    cap = DENSE_CACHE.budget(plan.device)
     limit = min(cap, max(batch_bytes(), int(TILE_MEMORY_SHARE * n1 * n2 * k * k * plan.itemsize)))
     if features <= limit:
         return 1, False
@@ -290,6 +300,6 @@ def build(
     network = feat.inspect_network(model, samples.detach(), tensors)
     n1 = x1.shape[x1.dim() - sample_ndim - 1]
     n2 = n1 if x2 is None else x2.shape[x2.dim() - sample_ndim - 1]
-    plan = NTKPlan(mode, n1, n2, network.num_outputs, network.pieces, network.dtype)
-    apply_forms(plan.pieces, forms, mode, n1, n2, plan.itemsize, shared=x2 is None)
+    plan = NTKPlan(mode, n1, n2, network.num_outputs, network.pieces, network.dtype, x1.device)
+    apply_forms(plan.pieces, forms, mode, n1, n2, plan.itemsize, shared=x2 is None, device=plan.device)
     return network, plan, tensors

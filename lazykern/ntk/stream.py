@@ -53,7 +53,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, SequentialSampler
 from tqdm.auto import tqdm
 
-from .. import settings
+from ..operators.dense_cache import DENSE_CACHE
 from ..validation import check_samples
 from . import features as feat
 from . import products
@@ -140,7 +140,7 @@ def block_size(plan: NTKPlan, n1: int, n2: int) -> int:
     k = plan.outputs if plan.mode == "full" else 1
     per_sample = plan.feature_bytes(1)
     tile = k * k * plan.itemsize
-    budget = settings.max_dense_bytes.value()
+    budget = DENSE_CACHE.budget(plan.device)
     side = (-per_sample + math.sqrt(per_sample**2 + tile * budget)) / tile
     return max(1, min(max(n1, n2), int(side)))
 
@@ -330,7 +330,8 @@ def write_ntk(
         block = record["block"] if record is not None else block_size(plan, n1, n2)
     side = min(block, max(n1, n2))
     # the forms the cost rule picks for one tile (the network's pieces are the plan's)
-    apply_forms(plan.pieces, forms, mode, min(n1, side), min(n2, side), plan.itemsize, shared=symmetric)
+    apply_forms(plan.pieces, forms, mode, min(n1, side), min(n2, side), plan.itemsize, shared=symmetric,
+                device=plan.device)
     forms_used = {p.name: p.form for p in plan.pieces}
     fingerprints = {
         "model": _model_fingerprint(tensors),

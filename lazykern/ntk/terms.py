@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["Implicit", "Explicit", "Sparse", "Term", "num_samples", "map_terms", "write_terms", "index_terms", "cat_terms", "terms_numel"]
+__all__ = ["Implicit", "Explicit", "Sparse", "Term", "num_samples", "terms_bytes", "map_terms", "write_terms", "index_terms", "cat_terms", "terms_numel"]
 
 
 @dataclass
@@ -107,10 +107,22 @@ def _rebuild(term: Term, fields: dict[str, Tensor]) -> Term:
 
 
 def num_samples(terms: list[Term]) -> int:
+    """The number of samples ``N`` the features of ``terms`` describe (every field's first axis).
+
+    Example:
+        >>> num_samples([Explicit(torch.randn(3, 2, 5))])
+        3
+    """
     return next(iter(_fields(terms[0]).values())).shape[0]
 
 
 def terms_bytes(terms: list[Term]) -> int:
+    """Bytes held by every tensor of ``terms`` (what a cache of features charges to its budget).
+
+    Example:
+        >>> terms_bytes([Explicit(torch.zeros(3, 2, 5, dtype=torch.float64))])
+        240
+    """
     return sum(v.numel() * v.element_size() for t in terms for v in _fields(t).values())
 
 

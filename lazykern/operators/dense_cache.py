@@ -1,12 +1,21 @@
-"""The dense kernel matrices lazykern keeps for reuse, within one budget per device.
+"""The dense tensors lazykern keeps for reuse, within one budget per device: kernel matrices of
+:class:`~lazykern.operators.LazyKernelOperator` and the per-layer features of
+:class:`~lazykern.ntk.NTKOperator`.
 
-Kernel operators are rebuilt from their tensors by ``linear_operator`` (inside ``Matmul``,
+Operators are rebuilt from their tensors by ``linear_operator`` (inside ``Matmul``,
 ``InvQuadLogdet``, ...), so a cache on an operator object would be lost after every call. Entries
-are therefore keyed on the tensors themselves: the row inputs ``x1`` (by identity, dropped when
-``x1`` dies), checked against the identity and version of every other input and the formula.
+are therefore keyed on an *owner* object that outlives the rebuilt operators, held weakly (its
+entries die with it): the row inputs ``x1`` of a kernel matrix, or the feature family of one
+:func:`~lazykern.ntk.empirical_ntk` call. Each entry is checked against the identity and version
+of every tensor it was formed from and a key (the formula); an owner keeps one entry per *slot*
+(kernel matrices: one per ``x1``; NTK features: one per input tensor, parameters and batch element).
+
+All entries share :class:`lazykern.settings.max_dense_bytes` per device
+(:meth:`DenseCache.budget`): storing evicts the least recently used entries on the device, of
+either kind, until the total fits.
 
 One lock guards every read and write, so operators used from several threads share the cache
-safely; the matrices themselves are built outside the lock.
+safely; the tensors themselves are formed outside the lock.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ import itertools
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Hashable
 
 import torch
 from torch import Tensor
@@ -30,19 +39,21 @@ __all__ = ["DenseCache", "DENSE_CACHE"]
 class _Entry:
     others: tuple[weakref.ref, ...]
     key: tuple
-    dense: Tensor
+    value: Any
+    nbytes: int
+    device: torch.device
     last_used: int
 
-    @property
-    def nbytes(self) -> int:
-        return self.dense.numel() * self.dense.element_size()
+    def alive(self) -> bool:
+        return all(ref() is not None for ref in self.others)
 
 
 class DenseCache:
-    """Dense kernel matrices, at most :class:`lazykern.settings.max_dense_bytes` in total per device.
+    """Dense tensors (kernel matrices, NTK features), at most
+    :class:`lazykern.settings.max_dense_bytes` in total per device.
 
-    Storing a matrix evicts the least recently used ones on its device until the total fits the
-    budget; a matrix that cannot fit is not stored.
+    Storing evicts the least recently used entries on the value's device until the total fits the
+    budget; a value that cannot fit is not stored.
 
     Example:
         >>> import torch
@@ -55,74 +66,118 @@ class DenseCache:
         True
         >>> cache.lookup(x, (x,), "formula").shape, cache.held(x.device)
         (torch.Size([4, 4]), 64)
+        >>> x.add_(1) is x and cache.lookup(x, (x,), "formula") is None  # modified in place: stale
+        True
     """
 
     def __init__(self) -> None:
-        self._entries: Any = WeakIdKeyDictionary()
+        self._entries: Any = WeakIdKeyDictionary()  # owner -> {slot: _Entry}
         self._lock = threading.Lock()
         self._clock = itertools.count()
 
     @staticmethod
-    def _key(x1: Tensor, others: tuple[Tensor, ...], formula: Any) -> tuple:
-        return (formula, tuple(t._version for t in (x1, *others)))
+    def _key(owner: Any, others: tuple[Tensor, ...], key: Hashable) -> tuple:
+        # an in-place change (an optimizer step on a parameter) bumps a tensor's version counter
+        return (key, tuple(t._version for t in (owner, *others) if isinstance(t, Tensor)))
 
-    def lookup(self, x1: Tensor, others: tuple[Tensor, ...], formula: Any) -> Tensor | None:
-        """The matrix stored for these exact tensors (same objects, unmodified) and formula."""
-        key = self._key(x1, others, formula)
+    def lookup(self, owner: Any, others: tuple[Tensor, ...], key: Hashable, slot: Hashable = None) -> Any:
+        """The value stored in ``slot`` of ``owner`` for these exact tensors (same objects,
+        unmodified since) and ``key``; ``None`` if there is none.
+
+        Args:
+            owner: the object the entry belongs to (held weakly), e.g. a kernel matrix's ``x1``.
+            others: the other tensors the value was formed from.
+            key: what else it depends on (hashable, e.g. the formula).
+            slot: which of ``owner``'s entries.
+        """
+        wanted = self._key(owner, others, key)
         with self._lock:
-            entry = self._entries.get(x1)
-            if entry is None or entry.key != key or len(entry.others) != len(others):
+            entry = self._entries.get(owner, {}).get(slot)
+            if entry is None or entry.key != wanted or len(entry.others) != len(others):
                 return None
             if not all(ref() is t for ref, t in zip(entry.others, others)):
                 return None
             entry.last_used = next(self._clock)
-            return entry.dense
+            return entry.value
+
+    def count(self, owner: Any) -> int:
+        """How many entries ``owner`` has (formed from tensors that are all still alive)."""
+        with self._lock:
+            return sum(e.alive() for e in self._entries.get(owner, {}).values())
 
     def held(self, device: torch.device) -> int:
         """Bytes currently held on ``device``."""
         with self._lock:
-            return self._held(device)
+            return sum(e.nbytes for e in self._on(device))
 
-    def _held(self, device: torch.device) -> int:
-        return sum(e.nbytes for e in list(self._entries.values()) if e.dense.device == device)
+    def _on(self, device: torch.device) -> list[_Entry]:
+        return [e for slots in list(self._entries.values()) for e in slots.values() if e.device == device]
 
     def budget(self, device: torch.device) -> int:
-        """The dense budget of ``device`` now (see :class:`lazykern.settings.max_dense_bytes`)."""
+        """The dense budget of ``device`` now: :meth:`lazykern.settings.max_dense_bytes.for_device`
+        with what this cache holds there (the one budget rule of every dense tensor lazykern keeps)."""
         return settings.max_dense_bytes.for_device(device, held=self.held(device))
 
     def fits(self, nbytes: int, device: torch.device) -> bool:
-        """Whether a matrix of ``nbytes`` may be formed on ``device`` under the current budget."""
+        """Whether a value of ``nbytes`` may be formed on ``device`` under the current budget."""
         return nbytes <= self.budget(device)
 
-    def store(self, x1: Tensor, others: tuple[Tensor, ...], formula: Any, dense: Tensor) -> bool:
-        """Keep ``dense`` for these tensors, evicting least recently used matrices on its device
-        until the total fits the budget. Returns whether it was stored."""
-        device = dense.device
+    def store(
+        self,
+        owner: Any,
+        others: tuple[Tensor, ...],
+        key: Hashable,
+        value: Any,
+        slot: Hashable = None,
+        *,
+        nbytes: int | None = None,
+        device: torch.device | None = None,
+    ) -> bool:
+        """Keep ``value`` in ``slot`` of ``owner`` (replacing what was there), evicting least
+        recently used entries on its device until the total fits the budget. Returns whether it
+        was stored.
+
+        Args:
+            owner, others, key, slot: as for :meth:`lookup`.
+            value: a tensor, or anything else with ``nbytes`` and ``device`` given.
+            nbytes: bytes ``value`` holds (default: a tensor's).
+            device: where ``value`` lives (default: a tensor's).
+        """
+        if nbytes is None:
+            nbytes = value.numel() * value.element_size()
+        device = value.device if device is None else device
         budget = self.budget(device)
-        entry = _Entry(tuple(weakref.ref(t) for t in others), self._key(x1, others, formula), dense, 0)
+        entry = _Entry(tuple(weakref.ref(t) for t in others), self._key(owner, others, key), value, nbytes, device, 0)
         with self._lock:
-            self._entries.pop(x1, None)
-            if entry.nbytes > budget:
+            slots = self._entries.get(owner)
+            if slots is not None:
+                slots.pop(slot, None)
+            if nbytes > budget:
                 return False
-            on_device = sorted(
-                ((k, e) for k, e in list(self._entries.items()) if e.dense.device == device),
-                key=lambda item: item[1].last_used,
-            )
-            total = sum(e.nbytes for _, e in on_device)
-            for k, e in on_device:
-                if total + entry.nbytes <= budget:
+            candidates = []
+            for o, entries in list(self._entries.items()):
+                for s, e in list(entries.items()):
+                    if not e.alive():  # formed from a tensor that died: can never match again
+                        del entries[s]
+                    elif e.device == device:
+                        candidates.append((e.last_used, o, s, e))
+            total = sum(e.nbytes for *_, e in candidates)
+            for _, o, s, e in sorted(candidates, key=lambda c: c[0]):
+                if total + nbytes <= budget:
                     break
-                self._entries.pop(k, None)
+                del self._entries[o][s]
                 total -= e.nbytes
             entry.last_used = next(self._clock)
-            self._entries[x1] = entry
+            if slots is None:
+                slots = self._entries[owner] = {}
+            slots[slot] = entry
             return True
 
     def clear(self) -> None:
-        """Drop every stored matrix."""
+        """Drop every stored value."""
         with self._lock:
             self._entries.clear()
 
 
-#: The process-wide cache of :class:`~lazykern.operators.LazyKernelOperator`.
+#: The process-wide cache of lazykern's operators (kernel matrices and NTK features).
 DENSE_CACHE = DenseCache()
