@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from . import build
+from .reductions import C_TYPES, threads
 
 __all__ = ["dense_matmul", "supports_dense_matmul"]
 
@@ -65,7 +66,6 @@ void lk_dense_matmul(const T* restrict K, const T* restrict vt, T* restrict out,
 }
 """
 
-_TYPES = {torch.float32: "float", torch.float64: "double"}
 _ARGTYPES = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5
 
 
@@ -80,7 +80,7 @@ def supports_dense_matmul(dense: Tensor, rhs: Tensor) -> bool:
     """
     return (
         dense.device.type == "cpu"
-        and dense.dtype in _TYPES
+        and dense.dtype in C_TYPES
         and rhs.dtype == dense.dtype
         and rhs.device == dense.device
         and dense.dim() >= 2
@@ -111,9 +111,6 @@ def dense_matmul(dense: Tensor, rhs: Tensor) -> Tensor:
     k = dense.detach().contiguous()
     vt = rhs.detach().expand(*batch, m, c).mT.contiguous()
     out = dense.new_empty(*batch, n, c)
-    fn = build.load_source(_SOURCE % {"T": _TYPES[dense.dtype]}, "lk_dense_matmul", _ARGTYPES)
-    # One thread per 2^15 entries at most, as for the engine's reductions: waking threads costs
-    # more than a small product.
-    threads = max(1, min(torch.get_num_threads(), k.numel() * c >> 15))
-    fn(k.data_ptr(), vt.data_ptr(), out.data_ptr(), batch.numel(), n, m, c, threads)
+    fn = build.load_source(_SOURCE % {"T": C_TYPES[dense.dtype]}, "lk_dense_matmul", _ARGTYPES)
+    fn(k.data_ptr(), vt.data_ptr(), out.data_ptr(), batch.numel(), n, m, c, threads(k.numel() * c))
     return out

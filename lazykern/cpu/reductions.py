@@ -33,12 +33,14 @@ from . import build
 
 Formula = Callable[..., object]
 
-__all__ = ["matmul", "dense", "symmetric_gradients", "supports"]
+__all__ = ["matmul", "dense", "symmetric_gradients", "supports", "C_TYPES", "threads"]
 
-_DTYPES = {torch.float32: "float", torch.float64: "double"}
+#: The C type of each dtype the engine compiles for.
+C_TYPES = {torch.float32: "float", torch.float64: "double"}
 # Dimension-major rows are padded to a multiple of this many entries (64-byte aligned rows).
 _ALIGN = 16
-_PAIRS_PER_THREAD = 1 << 15
+#: Pairs (or multiply-adds) per thread at least: see :func:`threads`.
+WORK_PER_THREAD = 1 << 15
 
 
 # ---------------------------------------------------------------------------- buffers
@@ -71,13 +73,19 @@ def _run(red: Reduction, buffers: dict[str, tuple[Tensor, int]], nb: int, n: int
     roles = red.operands()
     ptrs = (ctypes.c_void_p * len(roles))(*[buffers[r][0].data_ptr() for r in roles])
     strides = (ctypes.c_int64 * len(roles))(*[buffers[r][1] for r in roles])
-    fn(ptrs, strides, nb, n, m, mp, c, _threads(nb * n * m))
+    fn(ptrs, strides, nb, n, m, mp, c, threads(nb * n * m))
 
 
-def _threads(pairs: int) -> int:
-    """torch's thread count, but one thread per ``_PAIRS_PER_THREAD`` pairs at most: waking a
-    thread costs more than a small reduction (tens of milliseconds on a loaded machine)."""
-    return max(1, min(torch.get_num_threads(), pairs // _PAIRS_PER_THREAD))
+def threads(work: int) -> int:
+    """The threads of one compiled loop over ``work`` pairs (or multiply-adds): torch's thread count,
+    but one thread per :data:`WORK_PER_THREAD` at most, since waking a thread costs more than a
+    small reduction (tens of milliseconds on a loaded machine).
+
+    Example:
+        >>> threads(1000), threads(10**9) == torch.get_num_threads()
+        (1, True)
+    """
+    return max(1, min(torch.get_num_threads(), work // WORK_PER_THREAD))
 
 
 def _padded(m: int) -> int:
@@ -102,7 +110,7 @@ def _forward_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[st
     outer, inner = (x2, x1) if transposed else (x1, x2)
     n, m, c = outer.shape[-2], inner.shape[-2], rhs.shape[-1]
     mp = _padded(m)
-    red = _program(formula, "mmT" if transposed else "mm", x1.shape[-1], x2.shape[-1], _spec(params), _DTYPES[x1.dtype])
+    red = _program(formula, "mmT" if transposed else "mm", x1.shape[-1], x2.shape[-1], _spec(params), C_TYPES[x1.dtype])
     out = _out(batch, n, c, x1)
     buffers = {
         "outer:o": _rows(outer.detach(), batch, nb),
@@ -120,7 +128,7 @@ def _forward_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str
     nb = batch.numel()
     n, m = x1.shape[-2], x2.shape[-2]
     mp = _padded(m)
-    red = _program(formula, "dense", x1.shape[-1], x2.shape[-1], _spec(params), _DTYPES[x1.dtype])
+    red = _program(formula, "dense", x1.shape[-1], x2.shape[-1], _spec(params), C_TYPES[x1.dtype])
     out = _out(batch, n, m, x1)
     buffers = {
         "outer:o": _rows(x1.detach(), batch, nb),
@@ -150,7 +158,7 @@ def _grad_pass(
     outer, inner = (x2, x1) if transposed else (x1, x2)
     n, m = outer.shape[-2], inner.shape[-2]
     mp = _padded(m)
-    red = _program(formula, job, x1.shape[-1], x2.shape[-1], _spec(params), _DTYPES[x1.dtype], want)
+    red = _program(formula, job, x1.shape[-1], x2.shape[-1], _spec(params), C_TYPES[x1.dtype], want)
     buffers = {
         "outer:o": _rows(outer.detach(), batch, nb),
         "inner:i": _columns(inner.detach(), batch, nb, mp),
@@ -201,13 +209,13 @@ def supports(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tens
     tensors = [x1, x2, *params.values()]
     if not all(isinstance(t, Tensor) and t.device.type == "cpu" and t.dtype == x1.dtype for t in tensors):
         return False
-    if x1.dtype not in _DTYPES or x1.dim() < 2 or x2.dim() < 2 or any(p.dim() < 2 for p in params.values()):
+    if x1.dtype not in C_TYPES or x1.dim() < 2 or x2.dim() < 2 or any(p.dim() < 2 for p in params.values()):
         return False
     if not _platform_ok():
         return False
     try:
         _batch(*tensors)
-        _program(formula, "mm", x1.shape[-1], x2.shape[-1], _spec(params), _DTYPES[x1.dtype])
+        _program(formula, "mm", x1.shape[-1], x2.shape[-1], _spec(params), C_TYPES[x1.dtype])
     except (Unsupported, RuntimeError):
         return False
     return True
@@ -221,7 +229,7 @@ def _platform_ok() -> bool:
 def _check(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> None:
     if not supports(formula, x1, x2, params):
         try:  # name what the formula does that the engine lacks, when that is the reason
-            _build_program(formula, "mm", x1.shape[-1], x2.shape[-1], _spec(params), _DTYPES.get(x1.dtype, "double"), ())
+            _build_program(formula, "mm", x1.shape[-1], x2.shape[-1], _spec(params), C_TYPES.get(x1.dtype, "double"), ())
         except Unsupported as err:
             raise ValueError(f"lazykern's CPU engine cannot evaluate this formula: {err}") from err
         raise ValueError(

@@ -25,15 +25,34 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["Combination", "Part", "Scaled"]
+__all__ = ["Combination", "Part", "Scaled", "columns", "split_columns"]
 
 Formula = Callable[..., Any]
 
 
-def _columns(x: Any, start: int, stop: int) -> Any:
+def columns(x: Any, start: int, stop: int) -> Any:
+    """Columns ``start:stop`` of the feature (last) axis of a torch tensor, a KeOps ``LazyTensor``
+    (``Extract``) or the compiler's tracer; the whole axis is ``x`` itself.
+
+    Example:
+        >>> columns(torch.arange(6.0).reshape(2, 3), 1, 3).tolist()
+        [[1.0, 2.0], [4.0, 5.0]]
+    """
     if isinstance(x, torch.Tensor):
         return x[..., start:stop]
+    # KeOps LazyTensors and the tracer take a bare slice of their feature axis (their ``ndim`` is its width).
     return x if (start == 0 and stop == x.ndim) else x[start:stop]
+
+
+def split_columns(x: Any, parts: int) -> list[Any]:
+    """The feature axis of ``x`` cut into ``parts`` equal slices (:func:`columns`).
+
+    Example:
+        >>> [part.tolist() for part in split_columns(torch.arange(4.0), 2)]
+        [[0.0, 1.0], [2.0, 3.0]]
+    """
+    width = (x.shape[-1] if isinstance(x, torch.Tensor) else x.ndim) // parts
+    return [columns(x, k * width, (k + 1) * width) for k in range(parts)]
 
 
 @dataclass(frozen=True)
@@ -77,7 +96,7 @@ class Part:
 
     def __call__(self, x1: Any, x2: Any, params: dict[str, Any]) -> Any:
         own = {inner: params[outer] for outer, inner in self.names}
-        return self.formula(_columns(x1, self.start, self.stop), _columns(x2, self.start, self.stop), **own)
+        return self.formula(columns(x1, self.start, self.stop), columns(x2, self.start, self.stop), **own)
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,7 @@ from typing import Any
 
 import torch
 
+from .composite import split_columns
 from .stationary import StationaryFormula, _sum_last
 
 __all__ = [
@@ -213,14 +214,6 @@ def _expm1(x: Any) -> Any:
     return torch.expm1(x)
 
 
-def _split(x: Any, parts: int) -> list[Any]:
-    """The trailing axis cut into ``parts`` equal slices (per-point features, one block per kind)."""
-    if _is_lazy(x):
-        d = x.ndim // parts
-        return [x.extract(k * d, d) for k in range(parts)]
-    return list(x.chunk(parts, dim=-1))
-
-
 def _measure_constants(lengthscale: torch.Tensor, measure_std: torch.Tensor):
     r""":math:`\beta, c` and :math:`\log\rho` (from ``log1p``: no cancellation for small :math:`\beta`)."""
     beta = (measure_std / lengthscale) ** 2
@@ -276,7 +269,7 @@ def orthogonal_rbf_terms(x1: Any, x2: Any) -> Any:
 
     exact where :math:`s \le 1` (:math:`r = 0`: the last two terms are the same number) and free of
     overflow beyond (:math:`L + r = -(u - u')^2 / 2 + \dots` stays bounded)."""
-    (u1, g1, a1, la1, m1), (u2, g2, a2, la2, _) = _split(x1, 5), _split(x2, 5)
+    (u1, g1, a1, la1, m1), (u2, g2, a2, la2, _) = split_columns(x1, 5), split_columns(x2, 5)
     diff = u1 - u2
     s = m1 * (-0.5 * diff * diff) + (1 - m1) * (u1 * u2) - g1 - g2
     r = (s - 1).relu()
@@ -338,8 +331,8 @@ def orthogonal_rbf_l2_features(
 
 def orthogonal_rbf_l2_terms(x1: Any, x2: Any) -> Any:
     """Per-dimension :math:`C_d(a_d, b_d)` from the features of :func:`orthogonal_rbf_l2_features`."""
-    w1, m1, e1, q1, z1 = _split(x1, 5)
-    w2, m2, e2, q2, z2 = _split(x2, 5)
+    w1, m1, e1, q1, z1 = split_columns(x1, 5)
+    w2, m2, e2, q2, z2 = split_columns(x2, 5)
     return w1 * w2 * (m1 * m2 + e1 * e2 * _expm1(q1 * q2 + z1 + z2))
 
 

@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .composite import columns
+
 __all__ = ["SIMILARITIES", "NTKPart", "NTKFormula", "dot", "equal"]
 
 #: The first-factor similarities a part can take, ``"dot"`` (:math:`\langle a, a'\rangle`),
@@ -79,11 +81,6 @@ def equal(t1: Any, t2: Any) -> Any:
         return (t1 == t2).to(torch.promote_types(t1.dtype, t2.dtype))
     d = t1 - t2
     return (-(d * d)).step()
-
-
-def _slice(x: Any, start: int, stop: int) -> Any:
-    # KeOps LazyTensors take a bare slice of their last dimension; tensors need the ellipsis.
-    return x[..., start:stop] if isinstance(x, Tensor) else x[start:stop]
 
 
 @dataclass(frozen=True)
@@ -136,10 +133,10 @@ class NTKFormula:
         for part in self.parts:
             term = None
             if part.a is not None:
-                a1, a2 = _slice(x1, *part.a), _slice(x2, *part.a)
+                a1, a2 = columns(x1, *part.a), columns(x2, *part.a)
                 term = equal(a1, a2) if part.similarity == "equal" else dot(a1, a2)
             if part.g is not None:
-                gg = dot(_slice(x1, *part.g), _slice(x2, *part.g))
+                gg = dot(columns(x1, *part.g), columns(x2, *part.g))
                 term = gg if term is None else term * gg
             total = term if total is None else total + term
         return total

@@ -32,18 +32,13 @@ from ..formulas.ntk import NTKFormula, NTKPart
 from ..keops import padded_size
 from .features import batch_bytes
 from .rules import implicit_matmul_macs
-from .terms import Explicit, Implicit, Sparse, Term, index_terms
+from .terms import Explicit, Implicit, Sparse, Term, index_terms, num_samples
 
 __all__ = ["engine", "dense", "matmul", "diagonal", "entries"]
 
 def engine(name: str) -> contextlib.AbstractContextManager:
     """The backend engine of an NTK backend: KeOps for ``"keops"``, the chunked torch engine else."""
     return settings.engine("keops" if name == "keops" else "torch")
-
-
-def _num(terms: list[Term]) -> int:
-    t = terms[0]
-    return (t.e if isinstance(t, Explicit) else t.g).shape[0]
 
 
 def _outputs(terms: list[Term]) -> int:
@@ -150,7 +145,7 @@ def dense(f1: list[Term], f2: list[Term], mode: str) -> Tensor:
     straight into the result (``addmm_`` on its row blocks): no tile is allocated, and with the
     mirror about half of :math:`E E^\top` is computed.
     """
-    n1, n2, k = _num(f1), _num(f2), _outputs(f1)
+    n1, n2, k = num_samples(f1), num_samples(f2), _outputs(f1)
     symmetric = f1 is f2
     r = k if mode == "full" else 1
     blocks = _block_rows(n1, r, symmetric)
@@ -224,7 +219,7 @@ def matmul(f1: list[Term], f2: list[Term], rhs: Tensor, mode: str, engine_name: 
     the layer's weight-gradient space, whichever :func:`~lazykern.ntk.rules.implicit_matmul_macs`
     predicts cheaper; explicit and sparse terms are low rank.
     """
-    n1, n2, k, c = _num(f1), _num(f2), _outputs(f1), rhs.shape[-1]
+    n1, n2, k, c = num_samples(f1), num_samples(f2), _outputs(f1), rhs.shape[-1]
     pad = engine_name == "keops"
     out = rhs.new_zeros(n1, k, c) if mode == "full" else rhs.new_zeros(n1, c)
     pairwise = []
@@ -346,7 +341,7 @@ def _by_sample(n: int, terms: list[Term], mode: str, fn) -> Tensor:
 
 def diagonal(f1: list[Term], f2: list[Term], mode: str) -> Tensor:
     r""":math:`\Theta(x^{(1)}_i, x^{(2)}_i)` for each ``i``: ``(N k,)`` (full) or ``(N,)`` (trace)."""
-    n = _num(f1)
+    n = num_samples(f1)
     return _by_sample(
         n, f1, mode, lambda rows: _pairs_within(index_terms(f1, rows), index_terms(f2, rows), mode, None).reshape(-1)
     )
