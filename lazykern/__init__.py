@@ -16,11 +16,17 @@ import types
 import warnings
 from typing import Any
 
+from . import keops_messages
+
 # linear_operator 0.6 applies torch.jit.script when imported, which torch >= 2.14 deprecates with a
 # FutureWarning on every run of every program that imports lazykern: a notice about a dependency's
 # internals that no lazykern user can act on, and it made the command's and the examples' one-line
 # error messages three lines. Only that message is hidden.
 warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
+
+# KeOps prints to stdout when GPyTorch imports it ("CUDA libraries not found ..."): a program's
+# output (a script's results, ``lazykern uci --json -``) must not carry it; stderr does.
+keops_messages.install()
 
 __version__ = "0.1.0"
 """The version: the one place it is written (``pyproject.toml`` and ``lazykern --version`` read it)."""

@@ -39,11 +39,10 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, NoReturn, Sequence, TextIO
 
-from . import __version__
+from . import __version__, keops_messages
 from .data.checksums import SHA256
 from .data.layout import FILES, NUM_SPLITS, default_cache_dir, training_points
 from .kernel_names import (
-    ADAM_PLATEAU_WINDOW,
     COMPARE_KERNELS,
     COMPONENT_KERNELS,
     DEFAULT_KERNEL,
@@ -162,7 +161,7 @@ def _build_parser() -> argparse.ArgumentParser:
                          help="initial step: default 1 for L-BFGS (its line search adapts it), 0.1 for Adam")
         sub.add_argument("--tolerance", type=_positive_float, default=DEFAULT_TOLERANCE, metavar="T",
                          help="converged when the loss (nats per training point) changes by less than this per "
-                         f"step: between L-BFGS iterations, over Adam's last {ADAM_PLATEAU_WINDOW} steps (default "
+                         f"step: between L-BFGS iterations, over Adam's plateau window of 30 steps (default "
                          f"{DEFAULT_TOLERANCE:g})")
         sub.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                          help="floating point precision (default float32)")
@@ -226,14 +225,14 @@ def _build_parser() -> argparse.ArgumentParser:
 
 @contextlib.contextmanager
 def _library_output(verbose: bool) -> Iterator[None]:
-    # KeOps prints with print(): its CUDA status when it is imported, a notice whenever it compiles a
-    # formula. stdout carries the command's report alone (it is read, piped and parsed), so those
-    # messages go to stderr with --verbose and nowhere otherwise.
+    # KeOps prints its CUDA status when it is imported and a notice whenever it compiles a formula
+    # (to stderr, lazykern.keops_messages). stdout carries the command's report alone (it is read,
+    # piped and parsed), so library output goes to stderr with --verbose and nowhere otherwise.
     if verbose:
         with contextlib.redirect_stdout(sys.stderr):
             yield
     else:
-        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), keops_messages.silenced():
             yield
 
 
@@ -348,11 +347,23 @@ SHOWN_INPUTS = 5
 
 
 def _training(record: dict[str, Any]) -> str:
-    """What the optimizer ran, against its limit (``--iters``)."""
+    """What the optimizer ran against its limit (``--iters``), and whether it converged."""
     name = _OPTIMIZER_NAMES[record["optimizer_used"]] + (" (auto)" if record["optimizer"] == "auto" else "")
+    ended = "converged" if record["converged"] else "NOT converged"
     if record["optimizer_used"] == "lbfgs":
-        return f"{name}: {record['evaluations']} loss evaluations, at most {record['iters']} iterations"
-    return f"{name}: {record['evaluations']} steps of at most {record['iters']}"
+        ran = f"{record['iterations']} of at most {record['iters']} iterations, {record['evaluations']} loss evaluations"
+    else:
+        ran = f"{record['iterations']} steps of at most {record['iters']}"
+    return f"{name}: {ran}; {ended} ({record['stop_reason']})"
+
+
+def _training_notes(record: dict[str, Any]) -> list[str]:
+    """Warnings to print after the report: the iteration limit reached, the recipe stepping in."""
+    notes = [f"note: {step}" for step in record["interventions"]]
+    if not record["converged"]:
+        notes.append(f"warning: training of {record['kernel']} stopped ({record['stop_reason']}) before it converged; "
+                     f"its results are not the optimum's: raise --iters (now {record['iters']})")
+    return notes
 
 
 def _shares(record: dict[str, Any]) -> list[str]:
@@ -380,7 +391,7 @@ def _report(record: dict[str, Any]) -> str:
     ]
     lines = [f"{record['kernel']:<20}{'standardized':>14}{'original units':>18}"]
     lines += [f"{name:<20}{a:>14}{b:>18}" for name, a, b in rows]
-    memory = "peak process RSS" if record["memory_measure"] == "process_peak_rss" else "peak CUDA allocated"
+    memory = "peak CUDA allocated" if record["memory_measure"] == "cuda_max_allocated" else "peak process RSS"
     lines += [
         f"{'train time':<20}{record['train_seconds']:>13.1f}s   ({_training(record)}, "
         f"final loss {record['final_loss']:.4f}, {record['solver']})",
@@ -470,6 +481,8 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         record["compare"] = [r.to_dict() for r in results[1:]]
     print(_report(record), file=report)
     print("\n" + _context(record), file=report, flush=True)
+    for note in (line for result in results for line in _training_notes(result.to_dict())):
+        print(note, file=sys.stderr, flush=True)
     if args.plot is not None:
         plot_components(results[0], args.plot, x_mean=data.x_mean, x_std=data.x_std, y_std=data.y_std,
                         title=f"{data.name} split {data.split}: {args.kernel}")

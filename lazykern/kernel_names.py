@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "KERNELS", "DEFAULT_KERNEL", "COMPARE_KERNELS", "INTERACTION_KERNELS", "COMPONENT_KERNELS", "GPYTORCH_KERNELS",
-    "OPTIMIZERS", "ADAM_PLATEAU_WINDOW",
+    "OPTIMIZERS",
 ]
 
 KERNELS: tuple[str, ...] = (
@@ -45,13 +45,3 @@ GPYTORCH_KERNELS: tuple[str, ...] = ("gpytorch-rbf-ard",)
 OPTIMIZERS: tuple[str, ...] = ("auto", "lbfgs", "adam")
 """Optimizers of :func:`lazykern.regression.train`; ``auto`` is L-BFGS on the exact (Cholesky) path,
 Adam on the CG path."""
-
-ADAM_PLATEAU_WINDOW = 30
-"""Steps over which Adam's plateau rule (:func:`lazykern.regression.train`) compares the loss.
-
-A likelihood often creeps across a plateau before the lengthscales of the relevant inputs fall, and a
-10-step window took that plateau for convergence. UCI pol, split 0, 3,000 points (conjugate
-gradients), 200 steps at most: ARD RBF stopped after 88 steps at test RMSE 0.280 with 10 steps and
-ran all 200 to 0.121 with 30 (0.120 with no stop at all; L-BFGS on the exact likelihood 0.112);
-Newton–Girard over all orders 0.288 after 71 steps, 0.134 after 200. At 5,000 points with 30 steps:
-ARD 0.0958, Newton–Girard 0.0960."""

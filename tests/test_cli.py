@@ -293,6 +293,17 @@ def test_training_defaults_are_fit_evaluates():
 TINY_DEMO = ["demo", "--n-train", "200", "--n-test", "50", "--quiet"]  # under 512 points: the torch engine
 
 
+def test_iterations_running_out_is_reported_and_warned(capsys):
+    assert main([*TINY_DEMO, "--kernel", "rbf-ard", "--iters", "3", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    record = json.loads(captured.out)
+    assert (record["converged"], record["stop_reason"], record["iterations"]) == (False, "iteration limit", 3)
+    assert record["interventions"] == [] and record["computed_dtype"] == "float32"
+    assert "3 of at most 3 iterations" in captured.err and "NOT converged (iteration limit)" in captured.err
+    assert ("warning: training of rbf-ard stopped (iteration limit) before it converged; its results are not the "
+            "optimum's: raise --iters (now 3)") in captured.err
+
+
 def test_oak_with_max_degree_reports_order_shares_and_plots(tmp_path, capsys):
     plot, out = tmp_path / "components.png", tmp_path / "out.json"
     assert main([*TINY_DEMO, "--kernel", "oak", "--max-degree", "2", "--iters", "5", "--plot", str(plot),
@@ -308,7 +319,8 @@ def test_oak_with_max_degree_reports_order_shares_and_plots(tmp_path, capsys):
     top = max(range(6), key=lambda k: record["dimension_shares"][k])
     assert re.search(rf"^top inputs\s+x{top}: {record['dimension_shares'][top]:.3f}  x", stdout, re.M), stdout
     assert (record["optimizer_used"], record["iters"]) == ("lbfgs", 5)
-    assert f"(L-BFGS (auto): {record['evaluations']} loss evaluations, at most 5 iterations, final loss" in stdout
+    assert (f"(L-BFGS (auto): {record['iterations']} of at most 5 iterations, {record['evaluations']} loss "
+            f"evaluations; ") in stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {plot}" in stdout
 
 

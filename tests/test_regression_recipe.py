@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+import gpytorch
 import pytest
 import torch
+from linear_operator.utils.errors import NotPSDError
 
 import lazykern
 from lazykern import regression, settings
@@ -66,6 +68,65 @@ def test_optimizers_converge_and_stop(optimizer, tolerance):
         losses = train(model, likelihood, iters=300, optimizer=optimizer, tolerance=tolerance, progress=False)
     assert losses[-1] < losses[0] - 5
     assert len(losses) < 300, "stopped by convergence, not by the step limit"
+    assert losses.converged and losses.stop_reason == ("plateau" if optimizer == "adam" else
+                                                       "loss change below tolerance")
+    assert losses.iterations <= 300 and not losses.interventions
+
+
+@pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
+def test_running_out_of_iterations_is_not_convergence(optimizer):
+    x, y = _relevant_two_of(4, 120, 0)
+    model, likelihood = build_model(x, y, "rbf-ard")
+    with settings.engine("torch"):
+        log = train(model, likelihood, iters=3, optimizer=optimizer, progress=False)
+    assert (log.converged, log.stop_reason, log.iterations) == (False, "iteration limit", 3)
+    assert log.evaluations == len(log) >= 3
+
+
+def test_a_float32_factorization_that_fails_continues_in_float64_from_the_best_point():
+    # Every point twice and a kernel variance of 1e4 over a noise of 1e-4: float32's rounding of K
+    # (1e4 * 6e-8) is larger than the noise that makes K + noise * I positive definite, so the
+    # Cholesky factorization fails at the very first evaluation, as OAK's did on keggdirected.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(30, 2, generator=g).repeat(2, 1)
+    y = torch.sin(x[:, 0]) + 0.01 * torch.randn(60, generator=g)
+    model, likelihood = build_model(x, (y - y.mean()) / y.std(), "rbf-ard")
+    model.covar_module.outputscale = 1e4
+    model.covar_module.base_kernel.lengthscale = 30.0
+    likelihood.noise = 1e-4
+    with settings.engine("torch"):
+        log = train(model, likelihood, iters=5, progress=False)
+        mean, _ = regression.predict(model, likelihood, x[:4])
+    assert log.interventions == ["NotPSDError at evaluation 1 (float32): continued in float64 from the best "
+                                 "hyperparameters evaluated before it"]
+    assert model.train_inputs[0].dtype == model.likelihood.noise.dtype == mean.dtype == torch.float64
+    assert all(math.isfinite(v) for v in log) and log[-1] < log[0]
+
+
+def test_a_float64_failure_stops_at_the_best_point(monkeypatch):
+    x, y = _relevant_two_of(2, 40, 1)
+    model, likelihood = build_model(x, y, "rbf-ard")
+    calls = {"n": 0}
+    forward = model.forward
+
+    def failing_after_three(x):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise NotPSDError("not positive definite")
+        return forward(x)
+
+    monkeypatch.setattr(model, "forward", failing_after_three)
+    with settings.engine("torch"):
+        log = train(model, likelihood, iters=50, progress=False)
+    best = min(log)
+    assert (log.converged, log.stop_reason, len(log)) == (False, "numerical failure", 3)
+    assert log.interventions == ["NotPSDError at evaluation 4 (float64): stopped at the best hyperparameters "
+                                 "evaluated before it"]
+    monkeypatch.setattr(model, "forward", forward)
+    model.train()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    with torch.no_grad():
+        assert -mll(model(x), y).item() == pytest.approx(best, rel=1e-12)
 
 
 def test_train_rejects_bad_options():

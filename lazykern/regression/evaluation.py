@@ -1,0 +1,393 @@
+r"""Evaluating a trained model: predictions, metrics, hyperparameters, and the whole job (:func:`fit_evaluate`).
+
+Example:
+    >>> import torch
+    >>> from lazykern.regression import gaussian_metrics
+    >>> gaussian_metrics(torch.zeros(2), torch.ones(2), torch.zeros(2))[0]
+    0.0
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gpytorch
+import torch
+from gpytorch.kernels import Kernel, ScaleKernel
+from torch import Tensor
+
+from .. import kernels as lazy_kernels
+from ..kernel_names import COMPONENT_KERNELS, DEFAULT_KERNEL
+from ..validation import check_floating_matrix, check_non_negative_int, check_positive_number
+from .model import build_model
+from .training import NUMERICAL_FAILURES, resolve_optimizer, to_float64, train
+
+__all__ = ["PeakMemory", "RegressionResult", "fit_evaluate", "gaussian_metrics", "hyperparameters", "plot_components",
+           "predict"]
+
+
+def predict(
+    model: gpytorch.models.ExactGP, likelihood: gpytorch.likelihoods.Likelihood, x: Tensor
+) -> tuple[Tensor, Tensor]:
+    r"""Predictive mean and variance of :math:`y_* = f(x_*) + \varepsilon` (noise included).
+
+    Variances use LOVE (``gpytorch.settings.fast_pred_var``), which is exact up to the Lanczos rank
+    and costs one cached decomposition instead of one solve per test point. ``x`` is taken in the
+    model's dtype (a model :func:`~lazykern.regression.train` moved to float64 predicts float32
+    inputs in float64).
+
+    Example:
+        >>> import torch
+        >>> from lazykern.regression import build_model, predict
+        >>> model, likelihood = build_model(torch.randn(50, 2), torch.randn(50), "rbf-ard")
+        >>> mean, var = predict(model, likelihood, torch.randn(7, 2))
+        >>> mean.shape, bool((var > 0).all())
+        (torch.Size([7]), True)
+    """
+    model.eval()
+    likelihood.eval()
+    with torch.no_grad(), gpytorch.settings.fast_pred_var():
+        out = likelihood(model(x.to(model.train_inputs[0].dtype)))
+        return out.mean, out.variance
+
+
+def gaussian_metrics(mean: Tensor, variance: Tensor, y: Tensor) -> tuple[float, float]:
+    r"""Root mean squared error and mean negative log predictive density of Gaussian predictions.
+
+    .. math::
+
+        \text{RMSE} = \sqrt{\tfrac1m \textstyle\sum_i (y_i - \mu_i)^2}, \qquad
+        \text{NLPD} = \tfrac1m \textstyle\sum_i \Big[\tfrac12 \log(2\pi v_i) + \frac{(y_i - \mu_i)^2}{2 v_i}\Big]
+
+    Example:
+        >>> import torch
+        >>> from lazykern.regression import gaussian_metrics
+        >>> rmse, nlpd = gaussian_metrics(torch.zeros(4), torch.ones(4), torch.ones(4))
+        >>> rmse, round(nlpd, 4)
+        (1.0, 1.4189)
+    """
+    err2 = (y - mean) ** 2
+    rmse = err2.mean().sqrt().item()
+    nlpd = (0.5 * torch.log(2 * math.pi * variance) + 0.5 * err2 / variance).mean().item()
+    return rmse, nlpd
+
+
+def hyperparameters(model: torch.nn.Module) -> dict[str, float | list[float]]:
+    """The model's constrained hyperparameters by name (lengthscales, scales, noise, mean), as floats.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.regression import build_model, hyperparameters
+        >>> model, _ = build_model(torch.randn(10, 2), torch.randn(10), "rbf-ard")
+        >>> sorted(hyperparameters(model))  # doctest: +NORMALIZE_WHITESPACE
+        ['covar_module.base_kernel.lengthscale', 'covar_module.outputscale',
+         'likelihood.noise_covar.noise', 'mean_module.constant']
+    """
+    out: dict[str, float | list[float]] = {}
+    for name, raw, constraint in model.named_parameters_and_constraints():
+        value = raw if constraint is None else constraint.transform(raw)
+        prefix, _, leaf = name.rpartition(".")
+        values = value.detach().cpu().reshape(-1).tolist()
+        out[f"{prefix}.{leaf.removeprefix('raw_')}".lstrip(".")] = values[0] if len(values) == 1 else values
+    return out
+
+
+
+class PeakMemory:
+    """Peak memory of a block of code, in MiB: CUDA allocations on a GPU, resident set size on a CPU.
+
+    On CPU a background thread samples the process's resident set size (``psutil``, every
+    millisecond, on every platform) while the block runs; the peak is the largest sample, so an
+    allocation that lives less than a millisecond may be missed. Nothing of the process is reset.
+    On CUDA the device's allocation peak is reset on entry and read on exit.
+
+    Attributes:
+        mb: the peak, in MiB (set on exit).
+
+    Example:
+        >>> import torch
+        >>> from lazykern.regression import PeakMemory
+        >>> with PeakMemory(torch.device("cpu")) as peak:
+        ...     _ = torch.ones(10**6)
+        >>> peak.mb > 0
+        True
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = torch.device(device)
+        self.mb = float("nan")
+
+    def __enter__(self) -> "PeakMemory":
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            import psutil
+
+            process = psutil.Process()
+            self._peak, self._stop = process.memory_info().rss, threading.Event()
+
+            def sample() -> None:
+                while not self._stop.wait(0.001):
+                    self._peak = max(self._peak, process.memory_info().rss)
+
+            self._sampler = threading.Thread(target=sample, daemon=True)
+            self._sampler.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.mb = torch.cuda.max_memory_allocated(self.device) / 2**20
+        else:
+            import psutil
+
+            self._stop.set()
+            self._sampler.join()
+            self.mb = max(self._peak, psutil.Process().memory_info().rss) / 2**20
+
+
+@dataclass
+class RegressionResult:
+    """What :func:`fit_evaluate` measured. ``to_dict()`` gives the JSON-ready fields.
+
+    Attributes:
+        kernel: kernel name (or class name).
+        n_train, n_test, d: data sizes.
+        dtype, device: where it ran.
+        iters, lr, optimizer: training settings (``lr`` ``None``: the optimizer's default).
+        optimizer_used: the optimizer that ran, ``"lbfgs"`` or ``"adam"`` (``"auto"`` resolved).
+        max_degree: highest interaction order of the kernel (``None`` for kernels without orders).
+        solver: ``"cholesky"`` or ``"cg"`` (conjugate gradients and Lanczos on lazy matvecs).
+        rmse, nlpd: test RMSE and mean NLPD in the units of the targets given.
+        rmse_original, nlpd_original: the same in original units (``y_scale`` applied).
+        train_seconds, predict_seconds: wall-clock time of training and of prediction.
+        peak_memory_mb: peak memory during training and prediction (see :class:`PeakMemory`).
+        memory_measure: ``"cuda_max_allocated"`` or ``"sampled_peak_rss"``.
+        final_loss: last training loss (negative marginal log likelihood per point).
+        evaluations: number of loss evaluations during training (Adam: its steps; L-BFGS: every
+            evaluation, line search included).
+        iterations: optimizer iterations (see :class:`~lazykern.regression.TrainingLog`).
+        converged: whether training stopped by its convergence rule, not by ``iters`` running out.
+        stop_reason: why training stopped (:attr:`~lazykern.regression.TrainingLog.stop_reason`).
+        interventions: what the recipe did when a factorization failed, one sentence each
+            (training and prediction); empty when it never had to.
+        computed_dtype: the dtype the model ended in (``"float64"`` when the recipe had to move a
+            float32 model there).
+        hyperparameters: final hyperparameters (see :func:`hyperparameters`).
+        order_shares: share of variance of each interaction order (see
+            :func:`lazykern.components.component_analysis`), ``None`` for non-additive kernels.
+        dimension_shares: share of variance of each input's first-order component, or ``None``.
+        analysis_kind: ``"sobol"``, ``"empirical"`` or ``None``.
+        model, likelihood: the trained modules (not part of ``to_dict``).
+        analysis: the :class:`lazykern.components.ComponentAnalysis` (not part of ``to_dict``),
+            for :func:`plot_components`.
+    """
+
+    kernel: str
+    n_train: int
+    n_test: int
+    d: int
+    dtype: str
+    device: str
+    iters: int
+    lr: float | None
+    optimizer: str
+    optimizer_used: str
+    max_degree: int | None
+    solver: str
+    rmse: float
+    nlpd: float
+    rmse_original: float
+    nlpd_original: float
+    train_seconds: float
+    predict_seconds: float
+    peak_memory_mb: float
+    memory_measure: str
+    final_loss: float
+    evaluations: int
+    iterations: int
+    converged: bool
+    stop_reason: str
+    interventions: list[str]
+    computed_dtype: str
+    hyperparameters: dict[str, Any]
+    order_shares: list[float] | None
+    dimension_shares: list[float] | None
+    analysis_kind: str | None
+    model: gpytorch.models.ExactGP = field(repr=False)
+    likelihood: gpytorch.likelihoods.Likelihood = field(repr=False)
+    analysis: Any = field(repr=False, default=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every measured field (everything but the modules and the analysis), JSON-serializable."""
+        return {k: v for k, v in vars(self).items() if k not in ("model", "likelihood", "analysis")}
+
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def fit_evaluate(
+    train_x: Tensor,
+    train_y: Tensor,
+    test_x: Tensor,
+    test_y: Tensor,
+    *,
+    kernel: str | Kernel = DEFAULT_KERNEL,
+    max_degree: int | None = None,
+    iters: int = 200,
+    lr: float | None = None,
+    optimizer: str = "auto",
+    tolerance: float = 1e-4,
+    y_scale: float = 1.0,
+    max_cholesky_size: int | None = None,
+    analyze: bool = True,
+    progress: bool = True,
+) -> RegressionResult:
+    r"""Build, train and evaluate an exact GP; the whole ``lazykern uci`` job on given tensors.
+
+    Targets are expected standardized; ``y_scale`` (:math:`\sigma_y`) converts the metrics to
+    original units: :math:`\text{RMSE} \cdot \sigma_y` and :math:`\text{NLPD} + \log \sigma_y`.
+
+    Args:
+        train_x, train_y: ``(n, d)`` and ``(n,)`` training data.
+        test_x, test_y: ``(m, d)`` and ``(m,)`` test data.
+        kernel: a name from :data:`~lazykern.kernel_names.KERNELS` or a kernel module.
+        max_degree: highest interaction order of a named ``additive-ng`` or ``oak`` kernel.
+        iters, lr, optimizer, tolerance: the training recipe (see :func:`train`).
+        y_scale: standard deviation used to standardize the targets.
+        max_cholesky_size: solve exactly by Cholesky up to this many training points, by
+            conjugate gradients (lazy matvecs) above; ``None`` keeps
+            ``gpytorch.settings.max_cholesky_size`` as it is (GPyTorch's default: 800).
+        analyze: for additive and interaction kernels, run
+            :func:`lazykern.components.component_analysis` after training (order and dimension
+            shares in the result, the analysis for :func:`plot_components`).
+        progress: show a progress bar during training.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.regression import fit_evaluate
+        >>> x = torch.rand(120, 2, dtype=torch.float64); y = torch.sin(4 * x).sum(-1)
+        >>> r = fit_evaluate(x[:100], y[:100], x[100:], y[100:], kernel="additive-rbf", iters=10,
+        ...                  progress=False)
+        >>> r.order_shares, len(r.dimension_shares)   # first-order additive: one order, two inputs
+        ([1.0], 2)
+    """
+    check_floating_matrix("test_x", test_x)
+    if test_x.shape[-1] != train_x.shape[-1]:
+        raise ValueError(f"test_x has {test_x.shape[-1]} features but train_x has {train_x.shape[-1]}")
+    if not isinstance(test_y, Tensor) or test_y.shape != test_x.shape[:1]:
+        raise ValueError(f"test_y must be a tensor of shape ({test_x.shape[0]},)")
+    check_positive_number("y_scale", y_scale)
+    check_non_negative_int("max_cholesky_size", max_cholesky_size, optional=True)
+    model, likelihood = build_model(train_x, train_y, kernel, max_degree)
+    device = train_x.device
+    if max_cholesky_size is None:
+        max_cholesky_size = gpytorch.settings.max_cholesky_size.value()
+    with PeakMemory(device) as peak, gpytorch.settings.max_cholesky_size(max_cholesky_size):
+        optimizer_used = resolve_optimizer(optimizer, train_x.shape[0])
+        start = time.perf_counter()
+        log = train(model, likelihood, iters=iters, lr=lr, progress=progress, optimizer=optimizer,
+                    tolerance=tolerance)
+        _synchronize(device)
+        train_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        try:
+            mean, variance = predict(model, likelihood, test_x)
+        except NUMERICAL_FAILURES as err:
+            # The same cause and the same step as in training (see `train`): float32 rounding.
+            if model.train_inputs[0].dtype != torch.float32:
+                raise
+            to_float64(model)
+            log.interventions.append(f"{type(err).__name__} in prediction (float32): predicted in float64")
+            mean, variance = predict(model, likelihood, test_x)
+        _synchronize(device)
+        predict_seconds = time.perf_counter() - start
+    rmse, nlpd = gaussian_metrics(mean, variance, test_y.to(mean))
+    analysis = None
+    if analyze and _analyzable(model.covar_module):
+        from ..components import component_analysis
+
+        with gpytorch.settings.max_cholesky_size(max_cholesky_size):
+            analysis = component_analysis(model)
+    inner = model.covar_module.base_kernel if isinstance(model.covar_module, ScaleKernel) else model.covar_module
+    return RegressionResult(
+        kernel=kernel if isinstance(kernel, str) else type(kernel).__name__,
+        n_train=train_x.shape[0],
+        n_test=test_x.shape[0],
+        d=train_x.shape[1],
+        dtype=str(train_x.dtype).removeprefix("torch."),
+        device=str(device),
+        iters=iters,
+        lr=lr,
+        optimizer=optimizer,
+        optimizer_used=optimizer_used,
+        max_degree=getattr(inner, "max_degree", None),
+        solver="cholesky" if train_x.shape[0] <= max_cholesky_size else "cg",
+        rmse=rmse,
+        nlpd=nlpd,
+        rmse_original=rmse * y_scale,
+        nlpd_original=nlpd + math.log(y_scale),
+        train_seconds=train_seconds,
+        predict_seconds=predict_seconds,
+        peak_memory_mb=peak.mb,
+        memory_measure="cuda_max_allocated" if device.type == "cuda" else "sampled_peak_rss",
+        final_loss=log[-1],
+        evaluations=log.evaluations,
+        iterations=log.iterations,
+        converged=log.converged,
+        stop_reason=log.stop_reason,
+        interventions=log.interventions,
+        computed_dtype=str(model.train_inputs[0].dtype).removeprefix("torch."),
+        hyperparameters=hyperparameters(model),
+        order_shares=None if analysis is None else analysis.order_shares.tolist(),
+        dimension_shares=None if analysis is None else analysis.dimension_shares.tolist(),
+        analysis_kind=None if analysis is None else analysis.kind,
+        model=model,
+        likelihood=likelihood,
+        analysis=analysis,
+    )
+
+
+def _analyzable(covar: Kernel) -> bool:
+    inner = covar.base_kernel if isinstance(covar, ScaleKernel) else covar
+    return isinstance(inner, lazy_kernels.AdditiveStructureKernel) and not inner.batch_shape
+
+
+def plot_components(
+    result: RegressionResult,
+    path: str | Path,
+    *,
+    x_mean: Tensor | None = None,
+    x_std: Tensor | None = None,
+    y_std: float = 1.0,
+    names: list[str] | None = None,
+    title: str | None = None,
+) -> Path:
+    """Save the component plot of a :func:`fit_evaluate` result (additive and interaction kernels).
+
+    Args:
+        result: from :func:`fit_evaluate` with ``analyze=True``.
+        path: image file to write (format from the suffix).
+        x_mean, x_std, y_std: draw in original units (e.g. from a :class:`lazykern.data.UCISplit`).
+        names: one name per input dimension.
+        title: figure title.
+
+    Example:
+        >>> plot_components(result, "pol.png", x_mean=data.x_mean, x_std=data.x_std,
+        ...                 y_std=data.y_std, title="pol")  # doctest: +SKIP
+    """
+    from ..components import plot_components as plot
+
+    if result.analysis is None:
+        raise ValueError(f"no component analysis for kernel {result.kernel!r}: plot_components needs an additive "
+                         f"or interaction kernel ({', '.join(COMPONENT_KERNELS)}) and analyze=True")
+    return plot(result.analysis, path, names=names, x_mean=x_mean, x_std=x_std, y_std=y_std, title=title)
