@@ -340,7 +340,9 @@ def _configure() -> str | None:
     for library in (cuda.nvrtc, cuda.cudart):
         if library is not None:
             ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
-    if "keopscore.config" in sys.modules:
+    from .keops import _FALLBACK
+
+    if "keopscore.config" in sys.modules and _FALLBACK is None:
         _redetect()
     return shim
 
@@ -365,6 +367,9 @@ def _redetect() -> None:
     stale = sys.modules.get("keopscore.binders.nvrtc.Gpu_link_compile")
     if stale is not None:  # imported without CUDA: its module-level settings say so
         importlib.reload(stale)
+    glc = importlib.import_module("keopscore.binders.nvrtc.Gpu_link_compile")
+    if not needs_no_cache(nvrtc_version()) and not os.path.exists(glc.jit_compile_dll()):
+        glc.Gpu_link_compile.compile_jit_compile_dll()  # what keopscore's import builds (NVRTC >= 13: ours instead)
     import keopscore.mapreduce as mapreduce
     import keopscore.mapreduce.gpu as gpu_reductions
 
