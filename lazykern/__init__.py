@@ -1,4 +1,4 @@
-"""lazykern: lazy symbolic kernels on KeOps.
+"""lazykern: lazy symbolic kernels, compiled by lazykern's own engines and run by KeOps on GPUs.
 
 Additive GP kernels and empirical neural tangent kernels as symbolic reductions that never form
 N x M x d (nor, unless it fits a memory budget, N x M).
@@ -11,8 +11,6 @@ KeOps.
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 import warnings
 from typing import Any
 
@@ -41,7 +39,7 @@ _FROM = {
         "OrthogonalAdditiveKernel", "PeriodicKernel", "ProductKernel", "RBFKernel", "RQKernel",
     ),
     "operators": ("LazyKernelOperator", "as_scipy"),
-    "precompile": ("precompile",),
+    "warmup": ("precompile",),  # the function; its module is lazykern.warmup
     "solvers": ("KernelRidge",),
 }
 _ORIGIN = {**{name: module for module, names in _FROM.items() for name in names}, **{m: m for m in _SUBMODULES}}
@@ -85,15 +83,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-class _Package(types.ModuleType):
-    # Importing the submodule ``lazykern.precompile`` binds it on the package, which would hide the
-    # function of the same name that ``lazykern.precompile`` is; keep the function.
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and name in _ORIGIN and name not in _SUBMODULES:
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -424,7 +424,7 @@ def _context(record: dict[str, Any]) -> str:
 
 def _warm_up(kernel: str, max_degree: int | None, data, device, dtype, args: argparse.Namespace) -> None:
     """Compile ``kernel``'s reductions before training, saying so on stderr when that takes a while."""
-    from .precompile import precompile
+    from .warmup import precompile
     from .regression import make_kernel
 
     def announce(folder: str) -> None:
@@ -517,7 +517,7 @@ def _precompile_one(kernel: str, dims: int, dtype: str, device: str, verbose: bo
     with _library_output(verbose):  # in a worker process too: KeOps prints when it is imported
         import torch
 
-        from .precompile import precompile
+        from .warmup import precompile
         from .regression import make_kernel
 
         report = precompile(make_kernel(kernel, dims).to(device), dtype=getattr(torch, dtype), dims=dims)

@@ -43,7 +43,8 @@ whole process, silently changing every later float computation (torch's included
 above keep IEEE semantics (no finite-math or reassociation assumptions); inputs are validated
 finite anyway (:mod:`lazykern.validation`).
 
-**Opt-out and cache.** Environment variables, read at each reduction:
+**Opt-out and cache.** Environment variables, read at each reduction (of KeOps only: lazykern's
+own CPU engine has its own, ``LAZYKERN_CPU_FLAGS`` and ``LAZYKERN_CPU_CACHE``, :mod:`lazykern.cpu.build`):
 
 * ``LAZYKERN_KEOPS_FLAGS``: extra compiler flags for lazykern's reductions, replacing
   :data:`FAST_FLAGS` (set it to an empty string for KeOps' default flags);
@@ -70,6 +71,8 @@ from importlib import metadata
 from typing import Any, Iterator
 
 from torch import Tensor
+
+from .cpu.build import cpu_model
 
 __all__ = [
     "FAST_FLAGS",
@@ -158,7 +161,8 @@ def padded_size(n: int) -> int:
 
 
 def compile_flags() -> str:
-    """The extra compiler flags of lazykern's CPU reductions: ``LAZYKERN_KEOPS_FLAGS`` if set, else
+    """The extra compiler flags of lazykern's KeOps reductions on the CPU (lazykern's own CPU
+    engine has its own, :func:`lazykern.cpu.build.extra_flags`): ``LAZYKERN_KEOPS_FLAGS`` if set, else
     :data:`FAST_FLAGS` on x86-64 Linux (where they were measured), else none (KeOps' defaults).
 
     Example:
@@ -173,21 +177,6 @@ def compile_flags() -> str:
     if sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64"):
         return FAST_FLAGS
     return ""
-
-
-def _cpu_model() -> str:
-    """The CPU model and its instruction-set flags (what ``-march=native`` compiles for)."""
-    found: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("model name", "flags", "Features", "CPU part") and key not in found:
-                    found[key] = value.strip()
-    except OSError:
-        pass
-    return "; ".join(f"{k}: {v}" for k, v in found.items()) or platform.processor() or platform.machine()
 
 
 def build_folder(flags: str | None = None) -> str:
@@ -205,7 +194,7 @@ def build_folder(flags: str | None = None) -> str:
 
     flags = compile_flags() if flags is None else " ".join(flags.split())
     base = os.environ.get(CACHE_ENV) or os.path.join(config.get_keops_cache_folder(), "lazykern")
-    identity = f"flags={flags}\ncompiler={config.get_cxx_compiler()}\ncpu={_cpu_model()}\n"
+    identity = f"flags={flags}\ncompiler={config.get_cxx_compiler()}\ncpu={cpu_model()}\n"
     digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
     return os.path.join(os.path.expanduser(base), config.get_default_build_folder_name(), f"flags-{digest}")
 
@@ -384,5 +373,5 @@ def _write_flags_note(folder: str, flags: str) -> None:
     if not os.path.exists(note):
         tmp = f"{note}.{os.getpid()}"
         with open(tmp, "w") as f:
-            f.write(f"extra g++ flags: {flags or '(none: KeOps defaults)'}\ncpu: {_cpu_model()}\n")
+            f.write(f"extra g++ flags: {flags or '(none: KeOps defaults)'}\ncpu: {cpu_model()}\n")
         os.replace(tmp, note)

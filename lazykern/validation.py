@@ -113,6 +113,25 @@ def check_non_negative_int(name: str, value: object, *, optional: bool = False) 
     return value
 
 
+def check_positive_ints(name: str, values: object) -> tuple[int, ...]:
+    """``values`` must be a non-empty sequence of ints >= 1 (``bool`` excluded). Returns them as a tuple.
+
+    Example:
+        >>> check_positive_ints("columns", [1, 16])
+        (1, 16)
+        >>> check_positive_ints("columns", (0,))
+        Traceback (most recent call last):
+        ValueError: columns must be a non-empty sequence of positive ints, got (0,)
+    """
+    try:
+        items = tuple(values)
+    except TypeError:  # not iterable
+        items = ()
+    if not items or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in items):
+        raise ValueError(f"{name} must be a non-empty sequence of positive ints, got {values!r}")
+    return items
+
+
 def check_positive_number(name: str, value: object) -> float:
     """``value`` must be a finite real number > 0 (``bool`` excluded)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):

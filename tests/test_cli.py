@@ -261,11 +261,11 @@ def test_offline_download_is_one_line_pointing_at_the_demo(tmp_path, monkeypatch
 
 def test_every_public_name_resolves_on_first_use():
     """The package imports lazily (so the command parses first); every exported name still resolves, and
-    ``lazykern.precompile`` stays the function even once its submodule is imported."""
+    ``lazykern.precompile`` is the function, also once its module (``lazykern.warmup``) is imported."""
     import importlib
 
-    importlib.import_module("lazykern.precompile")
-    assert callable(lazykern.precompile) and lazykern.precompile.__module__ == "lazykern.precompile"
+    importlib.import_module("lazykern.warmup")
+    assert callable(lazykern.precompile) and lazykern.precompile.__module__ == "lazykern.warmup"
     for name in lazykern.__all__:
         assert getattr(lazykern, name) is not None, name
     assert set(lazykern.__all__) <= set(dir(lazykern))
@@ -359,9 +359,10 @@ def precompile_counts(stderr: str, kernel: str) -> tuple[int, int]:
 
 @pytest.mark.slow
 def test_precompile_compiles_once_then_reads_the_cache(tmp_path):
+    from lazykern.cpu.build import CACHE_ENV as CPU_CACHE_ENV
     from lazykern.keops import CACHE_ENV
 
-    env = {CACHE_ENV: str(tmp_path)}
+    env = {CACHE_ENV: str(tmp_path), CPU_CACHE_ENV: str(tmp_path / "cpu")}
     command = ["precompile", "--kernel", "additive-rbf", "--dims", "3", "--dtype", "float64"]
     first = run_cli(command, env)
     assert first.returncode == 0, first.stderr[-2000:]
@@ -389,9 +390,10 @@ def test_precompile_compiles_once_then_reads_the_cache(tmp_path):
 
 @pytest.mark.slow
 def test_first_run_says_it_compiles_then_stays_quiet(tmp_path):
+    from lazykern.cpu.build import CACHE_ENV as CPU_CACHE_ENV
     from lazykern.keops import CACHE_ENV
 
-    env = {CACHE_ENV: str(tmp_path)}
+    env = {CACHE_ENV: str(tmp_path), CPU_CACHE_ENV: str(tmp_path / "cpu")}
     command = ["demo", "--kernel", "additive-rbf", "--d", "3", "--dtype", "float64", "--n-train", "50",
                "--n-test", "10", "--iters", "2"]
     first = run_cli(command, env)

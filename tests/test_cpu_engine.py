@@ -8,6 +8,7 @@ no new KeOps formula (the KeOps comparison reuses the formula test_kernels.py co
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -600,11 +601,11 @@ def test_compiled_once_per_structure_not_per_value_or_size():
     formula = StationaryFormula("rbf", additive=True)
     x = torch.randn(30, D, dtype=DT)
     cpu.matmul(formula, x, x, {"scales": torch.ones(1, D, dtype=DT)}, torch.ones(30, 1, dtype=DT))
-    before = len(build.compile_log), len(build._loaded)
+    before = len(build.compile_log), build.loaded_programs()
     for n, c in ((7, 1), (40, 5)):
         y = torch.randn(n, D, dtype=DT)
         cpu.matmul(formula, y, x, {"scales": torch.rand(1, D, dtype=DT)}, torch.ones(30, c, dtype=DT))
-    assert (len(build.compile_log), len(build._loaded)) == before
+    assert (len(build.compile_log), build.loaded_programs()) == before
 
 
 def test_no_flush_to_zero_after_loading():
@@ -628,7 +629,7 @@ print("RESULT", json.dumps({"out": out.squeeze(-1).tolist(), "compiled": len(bui
 
 
 def test_two_processes_share_one_compile(tmp_path):
-    env = dict(os.environ, LAZYKERN_KEOPS_CACHE=str(tmp_path))
+    env = dict(os.environ, LAZYKERN_CPU_CACHE=str(tmp_path))
     procs = [
         subprocess.Popen([sys.executable, "-c", CHILD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(2)
@@ -641,6 +642,36 @@ def test_two_processes_share_one_compile(tmp_path):
     assert sorted(r["compiled"] for r in results) == [0, 1]  # the second waited for the first
     assert results[0]["out"] == results[1]["out"]
     assert len(list(tmp_path.rglob("lk_*.so"))) == 1
+
+
+def test_the_engine_has_its_own_settings(monkeypatch, tmp_path):
+    """LAZYKERN_CPU_FLAGS / LAZYKERN_CPU_CACHE / CXX govern the CPU engine; KeOps' variables do not
+    (and the engine's do not reach KeOps)."""
+    from lazykern import keops
+
+    monkeypatch.delenv(build.FLAGS_ENV, raising=False)
+    monkeypatch.delenv(build.CACHE_ENV, raising=False)
+    flags, folder, keops_flags = build.engine_flags(), build.cache_folder(), keops.compile_flags()
+    monkeypatch.setenv(keops.FLAGS_ENV, "-O1")
+    monkeypatch.setenv(keops.CACHE_ENV, str(tmp_path / "keops"))
+    assert (build.engine_flags(), build.cache_folder()) == (flags, folder)
+    assert flags == f"{build.BASE_FLAGS} {build.VECTOR_MATH_FLAGS}"
+
+    monkeypatch.setenv(build.FLAGS_ENV, "  -g   -O1 ")
+    monkeypatch.setenv(build.CACHE_ENV, str(tmp_path / "cpu"))
+    monkeypatch.delenv(keops.FLAGS_ENV)
+    assert build.engine_flags() == f"{build.BASE_FLAGS} -g -O1" and keops.compile_flags() == keops_flags
+    assert build.cache_folder().startswith(str(tmp_path / "cpu")) and build.cache_folder() != folder
+    # A compile goes to that folder, with those flags (one tiny library).
+    fn = build.load_source("void lk_settings_probe(double* x) { x[0] = 2 * x[0] + 1; }", "lk_settings_probe",
+                           [ctypes.c_void_p])
+    x = torch.tensor([3.0], dtype=DT)
+    fn(x.data_ptr())
+    assert x.item() == 7.0
+    assert len(list((tmp_path / "cpu").rglob("lk_*.so"))) == 1 and not (tmp_path / "keops").exists()
+
+    monkeypatch.setenv("CXX", "no-such-compiler-lazykern")
+    assert build.compiler() is None
 
 
 def test_matmul_memory_is_linear_in_n():

@@ -20,8 +20,9 @@ import torch
 import lazykern
 from lazykern import backend, settings
 from lazykern import keops as lk
+from lazykern.cpu import build
 from lazykern.formulas import StationaryFormula
-from lazykern.precompile import precompile
+from lazykern.warmup import precompile
 
 RBF = StationaryFormula("rbf", additive=True)
 MATERN = StationaryFormula("matern", additive=True, nu=2.5)
@@ -159,6 +160,9 @@ def test_precompile_rejects_bad_arguments():
         precompile(lazykern.RBFKernel())
     with pytest.raises(ValueError, match="columns"):
         precompile(kernel, columns=(0,))
+    for columns in ([], (1, True), 16):
+        with pytest.raises(ValueError, match="columns must be a non-empty sequence of positive ints"):
+            precompile(kernel, columns=columns)
     with pytest.raises(ValueError, match="points"):
         precompile(kernel, points=0)
     with pytest.raises(TypeError, match="on_compile must be callable"):
@@ -168,7 +172,7 @@ def test_precompile_rejects_bad_arguments():
 CHILD = textwrap.dedent(
     """
     import json, os, sys, torch, lazykern, lazykern.keops
-    from lazykern.precompile import precompile
+    from lazykern.warmup import precompile
 
     def modules(folder):
         return sorted(f for f in os.listdir(folder) if f.startswith("pykeops_cpp_") and f.endswith(".so"))
@@ -194,7 +198,7 @@ CHILD = textwrap.dedent(
 
 @pytest.mark.slow
 def test_two_processes_compile_concurrently_into_an_empty_cache(tmp_path):
-    env = dict(os.environ, **{lk.CACHE_ENV: str(tmp_path), "PYKEOPS_VERBOSE": "0"})
+    env = dict(os.environ, **{lk.CACHE_ENV: str(tmp_path), build.CACHE_ENV: str(tmp_path / "cpu"), "PYKEOPS_VERBOSE": "0"})
     env.pop(lk.FLAGS_ENV, None)
     procs = [
         subprocess.Popen([sys.executable, "-c", CHILD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -232,7 +236,7 @@ TRAIN_AFTER_PRECOMPILE = textwrap.dedent(
     """
     import json, torch
     from lazykern.cpu import build
-    from lazykern.precompile import precompile
+    from lazykern.warmup import precompile
     from lazykern.regression import fit_evaluate, make_kernel
 
     calls = []
@@ -251,7 +255,7 @@ TRAIN_AFTER_PRECOMPILE = textwrap.dedent(
 
 
 def test_precompile_covers_training_on_the_cpu_engine(tmp_path):
-    env = dict(os.environ, **{lk.CACHE_ENV: str(tmp_path)})
+    env = dict(os.environ, **{lk.CACHE_ENV: str(tmp_path), build.CACHE_ENV: str(tmp_path / "cpu")})
     proc = subprocess.run([sys.executable, "-c", TRAIN_AFTER_PRECOMPILE], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

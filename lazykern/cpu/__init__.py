@@ -4,8 +4,9 @@ KeOps' CPU code vectorizes along the feature axis inside each pair, which fits 8
 vectors badly for :math:`d = 26`. This engine traces a formula into an expression graph
 (``lazykern.cpu.trace``), differentiates it symbolically (``lazykern.cpu.grad``),
 generates one C loop nest per pass that vectorizes *across pairs* (``lazykern.cpu.codegen``),
-and compiles it once per structure into a cache beside KeOps' (``lazykern.cpu.build``).
-KeOps stays the engine on GPUs.
+and compiles it once per structure into its own cache folder, under its own settings
+(``LAZYKERN_CPU_FLAGS``, ``LAZYKERN_CPU_CACHE``, ``CXX``: :mod:`lazykern.cpu.build`). KeOps stays
+the engine on GPUs.
 
 Functions (same shapes as :mod:`lazykern.backend`): :func:`matmul`, :func:`dense`,
 :func:`symmetric_gradients` and :func:`supports`; :func:`dense_matmul` multiplies a stored dense

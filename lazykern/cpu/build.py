@@ -1,20 +1,30 @@
-r"""Compile generated reductions with ``g++`` into a cache folder and load them with ``ctypes``.
+r"""Compile generated reductions with a C compiler into a cache folder and load them with ``ctypes``.
 
 One shared library per :class:`~lazykern.cpu.codegen.Reduction`, named by a hash of its generated
 source (so the expression graph, its bindings and outputs, the dtype, and the generator itself), in
-the folder
-:func:`lazykern.keops.build_folder` gives for the engine's full flag set (so the folder also
-changes with the flags, the compiler and the CPU model, exactly as for lazykern's KeOps
-reductions). Parameter *values* are runtime arguments, never part of the key.
+the folder :func:`cache_folder` gives for the engine's whole flag set, compiler and CPU model (a
+shared cache never serves one CPU's code to another). Parameter *values* are runtime arguments,
+never part of the key.
 
-Flags: :data:`BASE_FLAGS` plus :func:`lazykern.keops.compile_flags` (``-march=native`` and the
-switches that let glibc's vector ``exp``/``log``/``sin`` be called without ``-ffast-math``; the
-same opt-out, ``LAZYKERN_KEOPS_FLAGS``, applies). ``-ffast-math`` is never used: loading a library
-linked with ``crtfastmath.o`` turns on flush-to-zero in the whole process.
+The engine's settings are its own, read at each compile (KeOps' ``LAZYKERN_KEOPS_*`` variables
+govern only lazykern's KeOps reductions, :mod:`lazykern.keops`):
+
+* ``LAZYKERN_CPU_FLAGS``: extra compiler flags, replacing :data:`VECTOR_MATH_FLAGS` (an empty
+  string compiles with :data:`BASE_FLAGS` alone); see :func:`extra_flags`;
+* ``LAZYKERN_CPU_CACHE``: the cache base folder (default ``$XDG_CACHE_HOME/lazykern/cpu-engine``,
+  i.e. ``~/.cache/lazykern/cpu-engine``); each flag set gets its own sub-folder;
+* ``CXX``: the compiler (default ``g++``, which compiles the engine's C as C: ``-x c``).
+
+``-ffast-math`` is never used: loading a library linked with ``crtfastmath.o`` turns on
+flush-to-zero in the whole process.
 
 The source is C with C headers only (no torch, pybind11 or C++ standard library headers), so a
 reduction compiles in about a second. A file lock per library makes concurrent processes wait for one compile; the library is
 written under a temporary name and renamed into place, so a reader never sees half a file.
+
+Example:
+    >>> os.path.basename(cache_folder("-O2")).startswith("flags-"), cache_folder("-O2") == cache_folder("-O3")
+    (True, False)
 """
 
 from __future__ import annotations
@@ -22,17 +32,20 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import threading
 import time
 
-from .. import keops
 from .codegen import Reduction, generate
 
-__all__ = ["BASE_FLAGS", "compiler", "engine_flags", "load", "load_source", "compile_log"]
+__all__ = [
+    "BASE_FLAGS", "VECTOR_MATH_FLAGS", "FLAGS_ENV", "CACHE_ENV", "cache_folder", "compiler", "cpu_model",
+    "engine_flags", "extra_flags", "load", "load_source", "loaded_programs", "compile_log",
+]
 
-#: Flags of every reduction, before :func:`lazykern.keops.compile_flags`. ``-O2``: the loops that
+#: Flags of every reduction, before :func:`extra_flags`. ``-O2``: the loops that
 #: matter are ``omp simd`` loops, vectorized at ``-O2`` too; ``-O3`` measured no faster (additive RBF,
 #: d = 26, products and fused gradients) and took twice as long to compile. ``-ffp-contract=off``:
 #: GCC's GNU C default fuses ``a * b - c`` into one FMA, which rounds differently from the torch
@@ -40,6 +53,15 @@ __all__ = ["BASE_FLAGS", "compiler", "engine_flags", "load", "load_source", "com
 #: 1e9 minus 1e9), the fused result differed by 128 and overflowed an ``expm1`` that the other
 #: engines kept finite.
 BASE_FLAGS = "-x c -std=gnu11 -O2 -ffp-contract=off -fopenmp -fPIC -shared"
+
+#: The default extra flags: the widest vector instructions of the running CPU (``-march=native``),
+#: and glibc's vector ``exp``/``log``/``sin`` (a few ulp) in ``omp simd`` loops: ``-D__FAST_MATH__``
+#: makes ``math.h`` declare them, ``-fno-math-errno -fno-trapping-math`` let GCC call them, IEEE
+#: semantics otherwise kept (the generated C includes ``math.h`` and calls ``expf`` for float).
+VECTOR_MATH_FLAGS = "-march=native -fno-math-errno -fno-trapping-math -D__FAST_MATH__"
+
+FLAGS_ENV = "LAZYKERN_CPU_FLAGS"
+CACHE_ENV = "LAZYKERN_CPU_CACHE"
 
 _LOCK_TIMEOUT_S = 1800
 _loaded: dict[object, ctypes._CFuncPtr] = {}  # by Reduction, or by source text
@@ -50,11 +72,30 @@ compile_log: list[tuple[str, float]] = []
 
 
 def compiler() -> str | None:
-    """The compiler KeOps is configured with (``g++``, which builds the engine's C as C), when on ``PATH``."""
-    from keopscore.config import config
+    """The compiler's path: ``$CXX``, else ``g++``, when on ``PATH`` (``None`` otherwise).
 
-    cxx = config.get_cxx_compiler() or "g++"
-    return shutil.which(cxx)
+    Example:
+        >>> compiler() is None or os.path.isabs(compiler())
+        True
+    """
+    return shutil.which(os.environ.get("CXX") or "g++")
+
+
+def extra_flags() -> str:
+    """The engine's extra compiler flags: ``LAZYKERN_CPU_FLAGS`` if set (whitespace normalized),
+    else :data:`VECTOR_MATH_FLAGS`.
+
+    Example:
+        >>> os.environ[FLAGS_ENV] = "  -O2   -g "
+        >>> extra_flags()
+        '-O2 -g'
+        >>> del os.environ[FLAGS_ENV]
+        >>> extra_flags() == VECTOR_MATH_FLAGS
+        True
+    """
+    if FLAGS_ENV in os.environ:
+        return " ".join(os.environ[FLAGS_ENV].split())
+    return VECTOR_MATH_FLAGS
 
 
 def engine_flags() -> str:
@@ -64,7 +105,53 @@ def engine_flags() -> str:
         >>> engine_flags().startswith(BASE_FLAGS)
         True
     """
-    return f"{BASE_FLAGS} {keops.compile_flags()}".strip()
+    return f"{BASE_FLAGS} {extra_flags()}".strip()
+
+
+def cpu_model() -> str:
+    """The CPU model and its instruction-set flags (what ``-march=native`` compiles for), from
+    ``/proc/cpuinfo``; else the platform's processor or machine name.
+
+    Example:
+        >>> isinstance(cpu_model(), str) and cpu_model() != ""
+        True
+    """
+    found: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "flags", "Features", "CPU part") and key not in found:
+                    found[key] = value.strip()
+    except OSError:
+        pass
+    return "; ".join(f"{k}: {v}" for k, v in found.items()) or platform.processor() or platform.machine()
+
+
+def cache_folder(flags: str | None = None) -> str:
+    """The folder of the libraries compiled with ``flags`` (default :func:`engine_flags`):
+    ``<base>/flags-<hash of flags, compiler, CPU model>``, ``<base>`` being ``LAZYKERN_CPU_CACHE``
+    or ``$XDG_CACHE_HOME/lazykern/cpu-engine``. Deleting it is safe: reductions are recompiled.
+    """
+    flags = engine_flags() if flags is None else " ".join(flags.split())
+    base = os.environ.get(CACHE_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "lazykern", "cpu-engine"
+    )
+    identity = f"flags={flags}\ncompiler={compiler()}\ncpu={cpu_model()}\n"
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
+    return os.path.join(os.path.expanduser(base), f"flags-{digest}")
+
+
+def loaded_programs() -> int:
+    """How many distinct compiled programs this process has loaded so far (compiled by it, or read
+    from the cache folder).
+
+    Example:
+        >>> loaded_programs() >= 0
+        True
+    """
+    return len(_loaded)
 
 
 _REDUCE_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 6
@@ -97,7 +184,7 @@ def _load_or_compile(source: str, symbol: str, argtypes: list) -> ctypes._CFuncP
     from filelock import FileLock, Timeout
 
     flags = engine_flags()
-    folder = os.path.join(keops.build_folder(flags), "cpu-engine")
+    folder = cache_folder(flags)
     os.makedirs(folder, exist_ok=True)
     lib = os.path.join(folder, f"lk_{key}.so")
     if not os.path.exists(lib):
@@ -120,7 +207,7 @@ def _load_or_compile(source: str, symbol: str, argtypes: list) -> ctypes._CFuncP
 def _compile(source: str, flags: str, lib: str) -> None:
     cxx = compiler()
     if cxx is None:
-        raise RuntimeError("lazykern's CPU engine needs a C++ compiler (g++) on PATH")
+        raise RuntimeError("lazykern's CPU engine needs a C compiler on PATH: $CXX, else g++")
     src = lib[:-3] + ".c"
     tmp_src, tmp_lib = f"{lib[:-3]}.{os.getpid()}.tmp.c", f"{lib}.{os.getpid()}.tmp"
     with open(tmp_src, "w") as f:

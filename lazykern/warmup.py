@@ -1,4 +1,7 @@
-"""Compile a kernel's reductions ahead of time (a warm-up before training or serving)."""
+"""Compile a kernel's reductions ahead of time (a warm-up before training or serving).
+
+The function is ``lazykern.precompile`` (:func:`precompile`); this module holds it and its report.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from gpytorch.kernels import Kernel
 
 from . import backend, keops, settings
 from .cpu import build
-from .validation import check_positive_int
+from .validation import check_positive_int, check_positive_ints
 
 __all__ = ["precompile", "PrecompileReport"]
 
@@ -29,8 +32,9 @@ class PrecompileReport(NamedTuple):
 
     Attributes:
         folder: the cache folder holding the programs this call compiled or loaded: the common
-            parent of the CPU engine's folder, lazykern's KeOps build folder
-            (:func:`lazykern.keops.build_folder`) and, for a kernel on a GPU, KeOps' own build folder.
+            parent of the CPU engine's folder (:func:`lazykern.cpu.build.cache_folder`), lazykern's
+            KeOps build folder (:func:`lazykern.keops.build_folder`) and, for a kernel on a GPU,
+            KeOps' own build folder.
         compiled: programs compiled by this call (both engines).
         cached: programs this call loaded, compiled earlier (by any process) into the cache; programs
             this process had loaded already count in neither.
@@ -175,9 +179,7 @@ def precompile(
         if dims is None:
             raise ValueError("dims is required: the kernel has no active_dims, num_dims or ard_num_dims to infer it from")
     check_positive_int("dims", dims)
-    columns = tuple(columns)
-    if not columns or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in columns):
-        raise ValueError(f"columns must be a non-empty sequence of positive ints, got {columns!r}")
+    columns = check_positive_ints("columns", columns)
     if points is not None:
         check_positive_int("points", points)
     if on_compile is not None and not callable(on_compile):
@@ -187,12 +189,11 @@ def precompile(
     kernel = copy.deepcopy(kernel).to(dtype)
     device = next((p.device for p in kernel.parameters()), torch.device("cpu"))
     keops_folders = _keops_folders(device)
-    cpu_folder = os.path.join(keops.build_folder(build.engine_flags()), "cpu-engine")
-    watched = [cpu_folder] + [folder for folder, _ in keops_folders]
+    watched = [build.cache_folder()] + [folder for folder, _ in keops_folders]
     folder = os.path.commonpath(watched)
     keops_before = _keops_programs(keops_folders)
     compiles_before = len(build.compile_log)
-    loaded_before = len(build._loaded) + keops.loaded_reductions()  # build._loaded: one entry per program
+    loaded_before = build.loaded_programs() + keops.loaded_reductions()
 
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(*kernel.batch_shape, _WARMUP_POINTS, dims, generator=generator, dtype=dtype).to(device)
@@ -214,5 +215,5 @@ def precompile(
         backend.dense_matmul(dense.detach(), torch.ones(*dense.shape[:-1], 2, dtype=dtype, device=device))
 
     compiled = len(build.compile_log) - compiles_before + len(_keops_programs(keops_folders) - keops_before)
-    loaded = len(build._loaded) + keops.loaded_reductions() - loaded_before
+    loaded = build.loaded_programs() + keops.loaded_reductions() - loaded_before
     return PrecompileReport(folder, compiled, max(loaded - compiled, 0), time.perf_counter() - start)
