@@ -12,7 +12,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any, ClassVar
 
@@ -174,15 +173,8 @@ def _free_cuda_bytes(device: Any) -> int:
 
 
 def _available_memory_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    # Off Linux there is no MemAvailable: fall back to physical memory (POSIX), else stay lazy.
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 0
+    # What the OS could give without swapping (Linux's MemAvailable, the free and inactive pages
+    # elsewhere), not the physical total: the budget is for tensors formed now.
+    import psutil
+
+    return psutil.virtual_memory().available
