@@ -28,9 +28,11 @@ def _one_tensor(a: Tensor, b: Tensor) -> bool:
 class LazyKernelOperator(KernelLinearOperator):
     r"""The matrix :math:`K_{ij} = k(x^{(1)}_i, x^{(2)}_j)` of a formula, never stored unless it fits.
 
-    Matvecs run on KeOps (O((N + M) D) memory) or on the chunked torch engine (see
-    :mod:`lazykern.backend`). When the N x M matrix fits the dense budget
-    (:class:`lazykern.settings.max_dense_bytes`), it is formed once, blockwise, kept in
+    Matvecs are one lazy reduction of the formula, in O((N + M) D) memory, on the engine
+    :func:`lazykern.backend.engine_for` picks: lazykern's compiled CPU engine for CPU tensors,
+    KeOps on GPUs, the chunked torch engine for small problems (:mod:`lazykern.backend`). When
+    the N x M matrix fits the dense budget (:class:`lazykern.settings.max_dense_bytes`, per
+    device), it is formed once, blockwise, kept in
     :data:`~lazykern.operators.dense_cache.DENSE_CACHE`, and later matvecs use BLAS; gradients
     still come from the lazy reduction. Diagonals and gathered entries are O(N D) elementwise
     evaluations, so pivoted-Cholesky preconditioners never touch a full row block of the pairwise
