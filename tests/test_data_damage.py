@@ -68,6 +68,14 @@ def not_gzip(folder, mask):
     return Expected("data.csv.gz", None, None, "is not gzip-compressed (it begins with b'")
 
 
+def corrupted(folder, mask):
+    # One byte flipped: the stream decompresses to garbage rows before its checksum fails; the damage is named.
+    payload = bytearray((folder / "data.csv.gz").read_bytes())
+    payload[len(payload) // 2] ^= 0xFF
+    (folder / "data.csv.gz").write_bytes(bytes(payload))
+    return Expected("data.csv.gz", None, None, "is damaged (")
+
+
 def ragged(folder, mask):
     lines = read_lines(folder / "data.csv.gz")
     lines[4] = lines[4].rsplit(",", 1)[0]
@@ -178,7 +186,7 @@ def mask_row_missing(folder, mask):
 
 
 CASES: dict[str, Callable] = {f.__name__: f for f in (
-    truncated, not_gzip, ragged, text_field, empty_field, header, nan_in_training_row, nan_in_test_row, plus_inf,
+    truncated, not_gzip, corrupted, ragged, text_field, empty_field, header, nan_in_training_row, nan_in_test_row, plus_inf,
     minus_inf, blank_line_before_nan, not_text, constant_target, duplicate_points, too_few_training_points,
     no_test_points, mask_not_binary, mask_row_missing,
 )}

@@ -113,7 +113,8 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
     except UnicodeDecodeError:
         raise DataError(path, "found bytes that are not text; expected comma-separated numbers", row=row) from None
     except EOFError:
-        raise DataError(path, f"ends in the middle of its gzip stream, after row {row}: the file is cut short (an "
+        after = f", after row {row}" if row else ""  # the whole rows that came out before the end
+        raise DataError(path, f"ends in the middle of its gzip stream{after}: the file is cut short (an "
                         "interrupted download or copy?); copy or download it again") from None
     except (gzip.BadGzipFile, zlib.error) as err:
         with open(path, "rb") as f:
@@ -122,7 +123,8 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
             raise DataError(path, f"is not gzip-compressed (it begins with {head!r}); expected a gzip-compressed CSV "
                             "file, as the uci_datasets layout stores them (compress it with gzip, or copy or "
                             "download it again)") from None
-        raise DataError(path, f"is damaged after row {row} ({err}); copy or download it again") from None
+        # No row: a damaged stream decompresses to garbage (rows that are not the file's) before it fails.
+        raise DataError(path, f"is damaged ({err}); copy or download it again") from None
 
 
 def _row_of(path: Path, index: int) -> int:
@@ -135,14 +137,19 @@ def _row_of(path: Path, index: int) -> int:
 
 def _diagnose(path: Path, name: Callable[[int, int], str]) -> None:
     """Raise :class:`DataError` at the first row that is not comma-separated numbers (the slow path, run
-    only once NumPy has failed on the file)."""
-    width = first = None
+    only once NumPy has failed on the file). The file is read to its end first: a damaged gzip stream
+    decompresses to garbage before its checksum fails, and the damage, not the garbage, is the problem."""
+    width = first = problem = None
     for row, text in _lines(path):
+        if problem is not None:
+            continue
         fields = text.split(",")
         if width is None:
             width, first = len(fields), row
         elif len(fields) != width:
-            raise DataError(path, f"has {len(fields)} columns, expected {width} as in row {first}", row=row)
+            problem = DataError(path, f"has {len(fields)} column{'' if len(fields) == 1 else 's'}, expected {width} "
+                                f"as in row {first}", row=row)
+            continue
         for column, field in enumerate(fields, start=1):
             value = field.strip()
             try:
@@ -150,8 +157,11 @@ def _diagnose(path: Path, name: Callable[[int, int], str]) -> None:
             except ValueError:
                 found = repr(value) if value else "an empty field"
                 header = "; the files of the uci_datasets layout have no header row" if row == first else ""
-                raise DataError(path, f"expected a number, found {found}{header}", row=row, column=column,
-                                column_name=name(column, width)) from None
+                problem = DataError(path, f"expected a number, found {found}{header}", row=row, column=column,
+                                    column_name=name(column, width))
+                break
+    if problem is not None:
+        raise problem
 
 
 def _read_table(path: Path, name: Callable[[int, int], str]) -> np.ndarray:
