@@ -23,6 +23,7 @@ from torch import Tensor
 
 from .. import kernels as lazy_kernels
 from ..kernel_names import COMPONENT_KERNELS, DEFAULT_KERNEL
+from ..ntk.throughput import synchronize
 from ..validation import check_floating_matrix, check_non_negative_int, check_positive_number
 from .model import build_model
 from .training import NUMERICAL_FAILURES, resolve_optimizer, to_float64, train
@@ -230,11 +231,6 @@ class RegressionResult:
 
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def fit_evaluate(
     train_x: Tensor,
     train_y: Tensor,
@@ -297,7 +293,7 @@ def fit_evaluate(
         start = time.perf_counter()
         log = train(model, likelihood, iters=iters, lr=lr, progress=progress, optimizer=optimizer,
                     tolerance=tolerance)
-        _synchronize(device)
+        synchronize(device)
         train_seconds = time.perf_counter() - start
         start = time.perf_counter()
         try:
@@ -309,7 +305,7 @@ def fit_evaluate(
             to_float64(model)
             log.interventions.append(f"{type(err).__name__} in prediction (float32): predicted in float64")
             mean, variance = predict(model, likelihood, test_x)
-        _synchronize(device)
+        synchronize(device)
         predict_seconds = time.perf_counter() - start
     rmse, nlpd = gaussian_metrics(mean, variance, test_y.to(mean))
     analysis = None
