@@ -132,6 +132,21 @@ def check_positive_ints(name: str, values: object) -> tuple[int, ...]:
     return items
 
 
+def check_iteration_cap(name: str, value: object) -> int | None:
+    """``value`` must be ``None`` (the caller's default cap) or an int >= 1 (``bool`` excluded).
+
+    Example:
+        >>> check_iteration_cap("max_iter", None) is None, check_iteration_cap("max_iter", 50)
+        (True, 50)
+        >>> check_iteration_cap("max_iter", 0)
+        Traceback (most recent call last):
+        ValueError: max_iter must be a positive int or None, got 0
+    """
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+    return value
+
+
 def check_positive_number(name: str, value: object) -> float:
     """``value`` must be a finite real number > 0 (``bool`` excluded)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
