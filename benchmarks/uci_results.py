@@ -21,6 +21,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -38,6 +39,11 @@ KERNELS = ("additive-rbf", "additive-ng", "oak", "rbf-ard", "gpytorch-rbf-ard")
 ADDITIVE_FAMILY = ("additive-rbf", "additive-ng", "oak")
 #: Cheapest first, so that an interrupted regeneration has the baselines.
 RUN_ORDER = ("rbf-ard", "gpytorch-rbf-ard", "additive-rbf", "oak", "additive-ng")
+#: A run whose standardized test RMSE or NLPD exceeds these has diverged (the mean predictor scores
+#: 1 and 1.42): its predictions broke down, so it is shown beside the mean ± std of the others, not
+#: inside it (one such split made GPyTorch's elevators NLPD "1665562.187 ± 2884837.412").
+DIVERGED_RMSE = 1.5
+DIVERGED_NLPD = 10.0
 SETTINGS = ("n_train", "split", "seed", "dtype", "iters", "optimizer", "tolerance", "max_degree", "max_cholesky")
 
 
@@ -109,6 +115,25 @@ def _mean_std(values: list[float], digits: int = 3) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
+def reason(error: str) -> str:
+    """A failed run's error in a few words: the exception's name and what it says, e.g.
+    ``NotPSDError at jitter 1e-04``."""
+    head, _, detail = error.partition(": ")
+    name = head.rsplit(".", 1)[-1] if re.fullmatch(r"[\w.]+", head) else ""
+    jitter = re.search(r"jitter up to ([0-9.eE+-]+)", detail)
+    if jitter:
+        return f"{name} at jitter {float(jitter.group(1).rstrip('.')):.0e}"
+    nans = re.search(r"(\d+) of (\d+) elements", detail)
+    if nans:
+        return f"{name}: Cholesky input {int(nans.group(1)) / int(nans.group(2)):.0%} NaN"
+    return name or error[:60]
+
+
+def diverged(record: dict) -> bool:
+    """Whether a successful run's predictions broke down (see :data:`DIVERGED_RMSE`)."""
+    return not (record["rmse"] <= DIVERGED_RMSE and record["nlpd"] <= DIVERGED_NLPD)
+
+
 def latest(records: list[dict]) -> list[dict]:
     """The latest record of each run (one re-run with ``--force``, or measured by two processes); a
     failure does not replace a success."""
@@ -121,7 +146,7 @@ def latest(records: list[dict]) -> list[dict]:
 
 def summarize(records: list[dict], full: bool) -> list[dict]:
     """One row per dataset: per kernel, the RMSEs, NLPDs, times, memory of the successful runs of
-    :func:`latest`."""
+    :func:`latest` that did not diverge, and the splits that failed (with :func:`reason`) or diverged."""
     records = latest(records)
     rows = []
     for dataset in DATASETS:
@@ -134,13 +159,16 @@ def summarize(records: list[dict], full: bool) -> list[dict]:
             row["shape"] = f"{ok[0]['n_train']} / {ok[0]['n_test']} / {ok[0]['d']}"
         for kernel in KERNELS:
             mine = [r for r in runs if r["kernel"] == kernel]
-            good = [r for r in mine if "error" not in r]
+            good = [r for r in mine if "error" not in r and not diverged(r)]
             if not mine:
                 continue
             row["kernels"][kernel] = {
                 "rmse": [r["rmse"] for r in good], "nlpd": [r["nlpd"] for r in good],
-                "seconds": [r["train_seconds"] for r in good], "memory": [r["peak_memory_mb"] for r in good],
-                "failed": [r["error"] for r in mine if "error" in r],
+                # cost: every run that finished, diverged or not
+                "seconds": [r["train_seconds"] for r in mine if "error" not in r],
+                "memory": [r["peak_memory_mb"] for r in mine if "error" not in r],
+                "failed": [(r["split"], reason(r["error"])) for r in mine if "error" in r],
+                "diverged": [(r["split"], r["rmse"], r["nlpd"]) for r in mine if "error" not in r and diverged(r)],
                 "order_shares": [r["order_shares"] for r in good if r.get("order_shares")],
             }
         rows.append(row)
@@ -187,14 +215,18 @@ def tables(records: list[dict]) -> dict[str, list[list[str]]]:
 
 
 def _fmt(entry: dict | None, field: str, digits: int) -> str:
+    """mean ± std of the runs that neither failed nor diverged, then those that did, by split."""
     if entry is None:
         return ""
-    text = _mean_std(entry[field], digits)
-    if 0 < len(entry[field]) < 3:
-        text += f" (n={len(entry[field])})"
-    if entry["failed"]:
-        text += f" ({len(entry['failed'])} failed)"
-    return text or "failed"
+    notes = [f"n={len(entry[field])}"] if 0 < len(entry[field]) < 3 else []
+    column = {"rmse": 1, "nlpd": 2}[field]
+    notes += [f"split {d[0]} diverged: {d[column]:.4g}" for d in entry["diverged"]]
+    reasons = {}
+    for split, why in entry["failed"]:
+        reasons.setdefault(why, []).append(str(split))
+    notes += [f"split{'s' if len(s) > 1 else ''} {', '.join(s)} failed: {why}" for why, s in reasons.items()]
+    text = _mean_std(entry[field], digits) or "no run"
+    return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _cost(entry: dict | None) -> str:
@@ -218,16 +250,21 @@ def rst(table: list[list[str]]) -> list[str]:
 
 CAPTIONS = {
     "main-rmse": "Test RMSE (standardized: 1.0 is the mean predictor), mean ± std over the splits. The last column "
-                 "divides the best additive-family kernel's mean RMSE by lazykern's ARD RBF's (✓: within 5%).",
-    "main-nlpd": "Test NLPD (standardized units), mean ± std over the same runs.",
+                 "divides the best additive-family kernel's mean RMSE by lazykern's ARD RBF's (✓: within 5%). In "
+                 "parentheses: how many runs the mean holds when fewer than three, the runs that failed (the "
+                 "error's type and message, shortened) and those that diverged (test RMSE above "
+                 f"{DIVERGED_RMSE:g} or NLPD above {DIVERGED_NLPD:g}: predictions that broke down, shown with their "
+                 "value, outside the mean ± std).",
+    "main-nlpd": "Test NLPD (standardized units; the mean predictor scores 1.42), mean ± std over the same runs.",
     "main-cost": "Training time (mean over splits; shared machine, indicative only) and peak resident memory of the "
                  "whole process (largest over splits).",
     "full-rmse": "Full training set (conjugate gradients and Lanczos quadrature on lazy matvecs above {cholesky} "
                  "points, Adam with the plateau stop, at most {iters} steps): test RMSE, split 0.",
     "full-nlpd": "Full training set: test NLPD.",
     "full-cost": "Full training set: training time and peak memory.",
-    "shares": "Share of the posterior variance by interaction order (``additive-ng``: variances of each order's "
-              "posterior-mean component over the training inputs; ``oak``: Sobol indices under the input measure).",
+    "shares": "Order shares: the share of the variance of the posterior mean in each interaction order "
+              "(:doc:`interactions`, Component analysis; ``additive-ng``: variances of each order's posterior-mean "
+              "term over the training inputs, which overlap; ``oak``: Sobol indices under the input measure).",
 }
 
 
