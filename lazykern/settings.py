@@ -15,6 +15,8 @@ from __future__ import annotations
 import threading
 from typing import Any, ClassVar
 
+from .validation import check_non_negative_int, check_positive_int
+
 __all__ = ["engine", "keops_min_size", "chunk_bytes", "max_dense_bytes"]
 
 
@@ -66,12 +68,6 @@ class _Setting:
         self._stack().pop()
 
 
-def _non_negative_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"lazykern.settings.{name} expects a non-negative int, got {value!r}")
-    return value
-
-
 class engine(_Setting):
     """Which engine evaluates kernel reductions (matvecs).
 
@@ -106,7 +102,7 @@ class keops_min_size(_Setting):
 
     @classmethod
     def _validate(cls, value: Any) -> int:
-        return _non_negative_int("keops_min_size", value)
+        return check_non_negative_int("lazykern.settings.keops_min_size", value)
 
 
 class chunk_bytes(_Setting):
@@ -120,10 +116,7 @@ class chunk_bytes(_Setting):
 
     @classmethod
     def _validate(cls, value: Any) -> int:
-        value = _non_negative_int("chunk_bytes", value)
-        if value == 0:
-            raise ValueError("lazykern.settings.chunk_bytes must be positive, got 0")
-        return value
+        return check_positive_int("lazykern.settings.chunk_bytes", value)
 
 
 class max_dense_bytes(_Setting):
@@ -144,7 +137,7 @@ class max_dense_bytes(_Setting):
 
     @classmethod
     def _validate(cls, value: Any) -> int:
-        return _non_negative_int("max_dense_bytes", value)
+        return check_non_negative_int("lazykern.settings.max_dense_bytes", value)
 
     @classmethod
     def _default_value(cls) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -173,3 +174,93 @@ def check_process_group(name: str, group: object):
     if dist.get_rank(group) < 0:
         raise ValueError(f"{name} does not include this process (global rank {dist.get_rank()})")
     return group
+
+
+def check_non_negative_int(name: str, value: object, *, optional: bool = False) -> int | None:
+    """``value`` must be an int >= 0 (``bool`` excluded), or ``None`` where ``optional``.
+
+    Example:
+        >>> check_non_negative_int("max_cholesky_size", None, optional=True) is None
+        True
+        >>> check_non_negative_int("keops_min_size", -1)
+        Traceback (most recent call last):
+        ValueError: keops_min_size must be a non-negative int, got -1
+    """
+    if optional and value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int{' or None' if optional else ''}, got {value!r}")
+    return value
+
+
+def check_positive_int_at_most(name: str, value: object, limit: int, limit_text: str) -> int:
+    """``value`` must be an int with ``1 <= value <= limit`` (``bool`` excluded); ``limit_text``
+    says what the limit is, for the message.
+
+    Example:
+        >>> check_positive_int_at_most("max_degree", 5, 4, "num_dims=4")
+        Traceback (most recent call last):
+        ValueError: max_degree must be at most num_dims=4, got 5
+    """
+    check_positive_int(name, value)
+    if value > limit:
+        raise ValueError(f"{name} must be at most {limit_text}, got {value!r}")
+    return value
+
+
+def check_choice(name: str, value: object, choices: tuple) -> object:
+    """``value`` must be one of ``choices`` (compared with ``==``).
+
+    Example:
+        >>> check_choice("nu", 2.0, (0.5, 1.5, 2.5))
+        Traceback (most recent call last):
+        ValueError: nu must be one of (0.5, 1.5, 2.5), got 2.0
+    """
+    if value not in choices:
+        expected = repr(choices[0]) if len(choices) == 1 else f"one of {choices}"
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return value
+
+
+def check_per_dimension(
+    name: str, value: object, num_dims: int, *, dtype: torch.dtype, positive: bool = False
+) -> Tensor:
+    """``value`` must be a finite number or ``num_dims`` finite numbers (one per dimension), each
+    positive where ``positive``. Returns them as a new ``(1, num_dims)`` tensor of ``dtype``.
+
+    Example:
+        >>> check_per_dimension("measure_std", 2.0, 3, dtype=torch.float64)
+        tensor([[2., 2., 2.]], dtype=torch.float64)
+    """
+    value = torch.as_tensor(value, dtype=dtype)
+    if value.dim() > 1 or value.numel() not in (1, num_dims):
+        raise ValueError(
+            f"{name} must be a number or {num_dims} numbers (one per dimension), got shape {tuple(value.shape)}"
+        )
+    if not bool(torch.isfinite(value).all()):
+        raise ValueError(f"{name} must be finite")
+    if positive and not bool((value > 0).all()):
+        raise ValueError(f"{name} must be positive, got {value.tolist()}")
+    return value.reshape(-1).expand(num_dims).reshape(1, num_dims).clone()
+
+
+def check_index_groups(name: str, groups: object) -> tuple[tuple[int, ...], ...]:
+    """``groups`` must be a non-empty sequence of non-empty sequences of distinct non-negative
+    ints (column indices; ``bool`` excluded). Returns them as tuples.
+
+    Example:
+        >>> check_index_groups("groups", [[0, 1], (1, 2)])
+        ((0, 1), (1, 2))
+    """
+    message = f"{name} must be a non-empty sequence of non-empty sequences of distinct non-negative column indices"
+
+    def is_sequence(x: object) -> bool:
+        return isinstance(x, Sequence) and not isinstance(x, (str, bytes)) and len(x) > 0
+
+    if not is_sequence(groups):
+        raise ValueError(f"{message}, got {groups!r}")
+    for group in groups:
+        indices = is_sequence(group) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in group)
+        if not indices or len(set(group)) != len(group):
+            raise ValueError(f"{message}, got group {group!r}")
+    return tuple(tuple(group) for group in groups)

@@ -61,7 +61,7 @@ from typing import Any
 import torch
 
 from .composite import split_columns
-from .stationary import StationaryFormula, _sum_last
+from .stationary import StationaryFormula, sum_last
 
 __all__ = [
     "elementary_symmetric",
@@ -404,7 +404,7 @@ class InteractionFormula:
 
     def __call__(self, x1: Any, x2: Any, **params: Any) -> Any:
         z = params["scales"] * self.terms(x1, x2, **params)
-        return _sum_last(params["order_variances"] * elementary_symmetric(z, self.max_degree))
+        return sum_last(params["order_variances"] * elementary_symmetric(z, self.max_degree))
 
 
 @dataclass(frozen=True)
@@ -450,4 +450,4 @@ class GroupFormula:
             d = q.shape[-1]
             matrix = membership.reshape(*membership.shape[:-1], -1, d)  # (..., G, D)
             grouped = (matrix @ q.unsqueeze(-1)).squeeze(-1)
-        return _sum_last(params["scales"] * self.base.profile(grouped, **params))
+        return sum_last(params["scales"] * self.base.profile(grouped, **params))

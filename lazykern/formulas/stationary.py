@@ -11,8 +11,8 @@ Every kernel here is a *profile* :math:`f` applied to non-negative per-dimension
 For RBF, Matérn and RQ, inputs arrive pre-divided by the lengthscale, so
 :math:`q_d = (x_d - x'_d)^2`. For the periodic kernel inputs arrive pre-multiplied by
 :math:`\pi / p_d` and :math:`q_d = w_d \sin^2(x_d - x'_d)` with :math:`w_d = 2/\ell_d`.
-The additive sum over :math:`d` happens *inside* the expression (``.sum(-1)``), so a KeOps
-reduction never forms N x M x d, nor N x M.
+The additive sum over :math:`d` happens *inside* the expression (``.sum(-1)``), so a reduction, on
+any engine, never forms N x M x d, nor N x M.
 
 Shapes: ``x1`` is ``(..., N, 1, D)`` and ``x2`` is ``(..., 1, M, D)`` (pairwise), or both
 ``(..., N, D)`` (elementwise, for diagonals and gathered entries); parameters broadcast against
@@ -29,14 +29,22 @@ from typing import Any, Callable
 
 import torch
 
+from ..validation import check_choice
+
 # sqrt(q + eps) instead of sqrt(q): d sqrt/dq is infinite at q = 0, and inf * 0 = nan would poison
 # gradients at coincident points (every diagonal entry of K(X, X)). eps is far below float32
 # resolution of any distance, and a normal float32 number, so flush-to-zero leaves it alone.
 _SQRT_EPS = 1e-30
 
 
-def _sum_last(q: Any) -> Any:
-    # KeOps' .sum(-1) keeps a (size-1) inner dimension; keep it on torch tensors too.
+def sum_last(q: Any) -> Any:
+    """The sum over the last (feature) axis, kept as an axis of size 1 on every array-like: KeOps'
+    ``.sum(-1)`` keeps it (one value per pair), so torch tensors keep it too.
+
+    Example:
+        >>> sum_last(torch.ones(2, 3)).shape
+        torch.Size([2, 1])
+    """
     return q.sum(-1, keepdim=True) if isinstance(q, torch.Tensor) else q.sum(-1)
 
 
@@ -110,8 +118,8 @@ class StationaryFormula:
             raise ValueError(f"family must be one of {sorted(PROFILES)}, got {self.family!r}")
         if (self.family == "matern") != (self.nu is not None):
             raise ValueError("nu is required for (and only for) the matern family")
-        if self.nu is not None and self.nu not in MATERN_NUS:
-            raise ValueError(f"nu must be one of {MATERN_NUS}, got {self.nu!r}")
+        if self.nu is not None:
+            check_choice("nu", self.nu, MATERN_NUS)
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -139,5 +147,5 @@ class StationaryFormula:
     def __call__(self, x1: Any, x2: Any, **params: Any) -> Any:
         q = self.terms(x1, x2, params.get("weights"))
         if self.additive:
-            return _sum_last(params["scales"] * self.profile(q, **params))
-        return self.profile(_sum_last(q), **params)
+            return sum_last(params["scales"] * self.profile(q, **params))
+        return self.profile(sum_last(q), **params)

@@ -1,4 +1,4 @@
-"""Full-dimensional stationary kernels backed by one KeOps formula.
+"""Full-dimensional stationary kernels, each one lazy formula.
 
 Each class subclasses its GPyTorch namesake, so constructor arguments (``ard_num_dims``,
 ``batch_shape``, ``active_dims``, priors, constraints), hyperparameter names and ``state_dict``
@@ -12,6 +12,7 @@ from __future__ import annotations
 import gpytorch
 
 from ..formulas.stationary import MATERN_NUS
+from ..validation import check_choice
 from .stationary import LazyStationaryKernel
 
 __all__ = ["RBFKernel", "MaternKernel", "RQKernel", "PeriodicKernel"]
@@ -60,9 +61,8 @@ class MaternKernel(LazyStationaryKernel, gpytorch.kernels.MaternKernel):
     """
 
     def __init__(self, nu: float = 2.5, **kwargs) -> None:
-        if nu not in MATERN_NUS:
-            raise ValueError(f"nu must be one of {MATERN_NUS}, got {nu!r}")
-        super().__init__(nu=nu, **kwargs)
+        # Before GPyTorch's own check, which raises a RuntimeError that names no argument.
+        super().__init__(nu=check_choice("nu", nu, MATERN_NUS), **kwargs)
 
 
 class RQKernel(LazyStationaryKernel, gpytorch.kernels.RQKernel):
