@@ -96,12 +96,15 @@ class WheelCuda:
         nvrtc: the versioned ``libnvrtc.so.<major>``.
         cudart: the versioned ``libcudart.so.<major>`` (``None`` when the runtime wheel is absent).
         major: the CUDA major version (12 or 13).
+        builtins: NVRTC's ``libnvrtc-builtins.so.<major>.<minor>``, which NVRTC 13 opens by name
+            at each compile (found from the loader's search path only, not beside ``libnvrtc``).
     """
 
     include: tuple[str, ...]
     nvrtc: str
     cudart: str | None
     major: int
+    builtins: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +196,8 @@ def find_wheel_cuda(site_dirs: Sequence[str]) -> WheelCuda | None:
             nvrtc = _versioned(libs, root, "libnvrtc.so.")
             if {"cuda.h", "nvrtc.h"} <= headers and nvrtc is not None:
                 cudart = _versioned(libs, root, "libcudart.so.")
-                return WheelCuda(include, nvrtc, cudart, int(nvrtc.rsplit(".so.", 1)[1].split(".")[0]))
+                builtins = _versioned(libs, root, "libnvrtc-builtins.so.")
+                return WheelCuda(include, nvrtc, cudart, int(nvrtc.rsplit(".so.", 1)[1].split(".")[0]), builtins)
     return None
 
 
@@ -208,9 +212,10 @@ def _versioned(folders: Sequence[str], root: str, prefix: str) -> str | None:
 def build_shim(cuda: WheelCuda, folder: str, libcuda: str | None = None) -> str:
     """A CUDA folder keopscore can use, made of symlinks to ``cuda``'s files; returns ``folder``.
 
-    ``folder/include`` links every header of ``cuda.include`` (the first folder wins a name);
-    ``folder/lib64`` links ``libnvrtc.so`` and ``libnvrtc.so.<major>`` to the versioned NVRTC, the
-    same for ``libcudart``, and ``libcuda.so`` to the driver's ``libcuda`` when given (containers
+    ``folder/include`` links every header and header folder of ``cuda.include`` (the first folder
+    wins a name); ``folder/lib64`` links ``libnvrtc.so`` and ``libnvrtc.so.<major>`` to the
+    versioned NVRTC, the same for ``libcudart``, NVRTC's builtins library under its own name, and
+    ``libcuda.so`` to the driver's ``libcuda`` when given (containers
     often mount only ``libcuda.so.1``, and KeOps links with ``-lcuda``). Links are replaced
     atomically, so processes building the same shim at once never see a missing one.
 
@@ -233,6 +238,8 @@ def build_shim(cuda: WheelCuda, folder: str, libcuda: str | None = None) -> str:
             base = os.path.basename(library)
             links[os.path.join("lib64", base)] = library
             links[os.path.join("lib64", base.split(".so.")[0] + ".so")] = library
+    if cuda.builtins is not None:
+        links[os.path.join("lib64", os.path.basename(cuda.builtins))] = cuda.builtins
     if libcuda is not None:
         links[os.path.join("lib64", "libcuda.so")] = libcuda
     for sub in ("include", "lib64"):
@@ -337,7 +344,7 @@ def _configure() -> str | None:
         os.environ["CUDA_PATH"] = shim
     for var in ("LIBRARY_PATH", "LD_LIBRARY_PATH"):
         os.environ[var] = os.pathsep.join([lib, *[p for p in os.environ.get(var, "").split(os.pathsep) if p]])
-    for library in (cuda.nvrtc, cuda.cudart):
+    for library in (cuda.builtins, cuda.nvrtc, cuda.cudart):
         if library is not None:
             ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
     from .keops import _FALLBACK
@@ -434,7 +441,6 @@ def _select_jit_engine() -> str | None:
 
     from filelock import FileLock
     from keopscore.config import config
-    from keopscore.utils.misc_utils import KeOps_OS_Run
 
     glc = importlib.import_module("keopscore.binders.nvrtc.Gpu_link_compile")
     with open(glc.jit_compile_src) as f:
@@ -451,11 +457,24 @@ def _select_jit_engine() -> str | None:
             with open(src, "w") as f:
                 f.write(source)
             tmp = f"{library}.{os.getpid()}.tmp"  # a killed build never leaves a truncated library
-            KeOps_OS_Run(glc.Gpu_link_compile.get_compile_command(sourcename=src, dllname=tmp))
+            _compile(glc.Gpu_link_compile.get_compile_command(sourcename=src, dllname=tmp), tmp)
             os.replace(tmp, library)
     # Gpu_link_compile.__init__ looks the function up by name at each compile.
     glc.jit_compile_dll = lambda: library
     return library
+
+
+def _compile(command: str, output: str) -> None:
+    """Run KeOps' compile command for its NVRTC engine; a failure raises ``RuntimeError`` with the
+    compiler's first error (KeOps' own runner only prints it)."""
+    proc = subprocess.run(command, shell=True, capture_output=True, text=True)
+    if proc.returncode == 0 and os.path.exists(output):
+        return
+    errors = [line.strip() for line in proc.stderr.splitlines() if "error" in line]
+    first = errors[0] if errors else f"exit status {proc.returncode}"
+    hint = ("; torch's CUDA wheels lack headers of the CUDA toolkit that KeOps' engine includes (CUDA 13: "
+            "pip install nvidia-cuda-crt nvidia-cuda-cccl)" if "No such file" in first else "")
+    raise RuntimeError(f"g++ failed: {first[:300]}{hint}")
 
 
 def _driver_version() -> str:
@@ -559,7 +578,10 @@ def require(device: Any = None) -> None:
 def _check(index: int) -> Health:
     from .keops import _FALLBACK
 
-    configure()
+    try:
+        configure()
+    except Exception as err:  # noqa: BLE001 - e.g. KeOps' engine build failing in keopscore's re-run detection
+        return Health(False, f"keopscore could not be set up for the pip CUDA ({type(err).__name__}: {err})"[:500], {})
     from keopscore.config import cuda_config
 
     stack = _stack(index)

@@ -62,9 +62,11 @@ def _wheel_site(root, major, minor=0):
         (folder / "lib").mkdir(parents=True, exist_ok=True)
     _stub_library(lib_nvrtc / "lib" / f"libnvrtc.so.{major}", f"libnvrtc.so.{major}", "nvrtcVersion", major, minor)
     _stub_library(lib_rt / "lib" / f"libcudart.so.{major}", f"libcudart.so.{major}", "cudaRuntimeGetVersion", major, minor)
+    builtins = f"libnvrtc-builtins.so.{major}.{minor}"
+    _stub_library(lib_nvrtc / "lib" / builtins, builtins, "nvrtcBuiltinsVersion", major, minor)
     # Siblings that are not NVRTC itself: never picked.
-    (lib_nvrtc / "lib" / f"libnvrtc-builtins.so.{major}.{minor}").write_text("")
     (lib_nvrtc / "lib" / f"libnvrtc.alt.so.{major}").write_text("")
+    (lib_nvrtc / "lib" / f"libnvrtc-builtins.alt.so.{major}.{minor}").write_text("")
     return str(root / "site-packages")
 
 
@@ -75,6 +77,7 @@ def test_shim_from_the_wheel_layout(tmp_path, major):
     assert cuda is not None and cuda.major == major
     assert os.path.basename(cuda.nvrtc) == f"libnvrtc.so.{major}"
     assert os.path.basename(cuda.cudart) == f"libcudart.so.{major}"
+    assert os.path.basename(cuda.builtins) == f"libnvrtc-builtins.so.{major}.0"
     shim = keops_cuda.build_shim(cuda, str(tmp_path / "shim"), libcuda="/usr/lib/libcuda.so.1")
     assert sorted(os.listdir(f"{shim}/include")) == ["cuda.h", "cuda_fp16.h", "nvrtc.h"]
     for name in ("cuda.h", "nvrtc.h"):  # keopscore's test: both headers are files of one include folder
@@ -83,6 +86,7 @@ def test_shim_from_the_wheel_layout(tmp_path, major):
     assert links == {
         "libnvrtc.so": cuda.nvrtc, f"libnvrtc.so.{major}": cuda.nvrtc,
         "libcudart.so": cuda.cudart, f"libcudart.so.{major}": cuda.cudart,
+        f"libnvrtc-builtins.so.{major}.0": cuda.builtins,  # NVRTC 13 opens it by name at each compile
         "libcuda.so": "/usr/lib/libcuda.so.1",
     }
     assert keops_cuda.build_shim(cuda, shim, libcuda="/usr/lib/libcuda.so.1") == shim  # again: unchanged
@@ -152,14 +156,12 @@ def fake_jit_module(monkeypatch, tmp_path):
     """keopscore's Gpu_link_compile as seen on a GPU machine (it cannot be imported without CUDA),
     with the engine build replaced by a stand-in that records the command and writes the library."""
     import keopscore
-    import keopscore.utils.misc_utils as misc
 
     builds = []
 
-    def run(command):
+    def run(command, output):
         builds.append(command)
-        out = command.split(" -o ")[1].split()[0]
-        with open(out, "w") as f:
+        with open(output, "w") as f:
             f.write("library")
 
     module = types.SimpleNamespace(
@@ -169,7 +171,7 @@ def fake_jit_module(monkeypatch, tmp_path):
             get_compile_command=lambda sourcename, dllname: f"g++ -shared -DMAXIDGPU=0 {sourcename} -o {dllname}"),
     )
     monkeypatch.setitem(sys.modules, "keopscore.binders.nvrtc.Gpu_link_compile", module)
-    monkeypatch.setattr(misc, "KeOps_OS_Run", run)
+    monkeypatch.setattr(keops_cuda, "_compile", run)
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     module.builds = builds
     return module
@@ -189,6 +191,13 @@ def test_version_gate_selects_the_no_cache_engine_on_nvrtc_13_only(fake_jit_modu
     with open(fake_jit_module.jit_compile_src) as f, open(src) as g:
         assert g.read() == keops_cuda.patched_jit_source(f.read())
     assert keops_cuda._select_jit_engine() == library and len(fake_jit_module.builds) == 1  # built once
+
+
+def test_a_failed_engine_build_names_the_compiler_error(tmp_path):
+    source = tmp_path / "engine.cpp"
+    source.write_text("#include <nv/target>\n")
+    with pytest.raises(RuntimeError, match=r"g\+\+ failed: .*nv/target.*nvidia-cuda-crt nvidia-cuda-cccl"):
+        keops_cuda._compile(f"g++ -shared -fPIC {source} -o {tmp_path / 'engine.so'}", str(tmp_path / "engine.so"))
 
 
 @pytest.fixture
