@@ -186,8 +186,8 @@ def mask_row_missing(folder, mask):
 
 
 CASES: dict[str, Callable] = {f.__name__: f for f in (
-    truncated, not_gzip, corrupted, ragged, text_field, empty_field, header, nan_in_training_row, nan_in_test_row, plus_inf,
-    minus_inf, blank_line_before_nan, not_text, constant_target, duplicate_points, too_few_training_points,
+    truncated, not_gzip, corrupted, ragged, text_field, empty_field, header, nan_in_training_row, nan_in_test_row,
+    plus_inf, minus_inf, blank_line_before_nan, not_text, constant_target, duplicate_points, too_few_training_points,
     no_test_points, mask_not_binary, mask_row_missing,
 )}
 

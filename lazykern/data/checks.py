@@ -71,8 +71,9 @@ class DataError(ValueError):
         >>> from lazykern.data import DataError
         >>> err = DataError("yacht/data.csv.gz", "expected a number, found 'abc'", row=5, column=3,
         ...                 column_name="input x2")
-        >>> print(err)
-        yacht/data.csv.gz, row 5, column 3 (input x2): expected a number, found 'abc' (rows are lines of the decompressed file, rows and columns count from 1)
+        >>> print(err)  # doctest: +NORMALIZE_WHITESPACE
+        yacht/data.csv.gz, row 5, column 3 (input x2): expected a number, found 'abc'
+        (rows are lines of the decompressed file, rows and columns count from 1)
         >>> isinstance(err, ValueError), err.row, err.column
         (True, 5, 3)
     """
@@ -207,7 +208,7 @@ def read_dataset(folder: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
         >>> read_dataset(folder)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        lazykern.data.checks.DataError: .../data.csv.gz, row 2, column 2 (the target): expected a finite number, found nan; ...
+        lazykern.data.checks.DataError: .../data.csv.gz, row 2, column 2 (the target): expected a finite number, ...
     """
     data_file, mask_file = (Path(folder) / file for file in FILES)
     data = _read_table(data_file, _data_column)
@@ -229,7 +230,8 @@ def read_dataset(folder: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     if not binary.all():
         index, column = _first(~binary)
         raise DataError(mask_file, f"expected 0 (a training point) or 1 (a test point), found {mask[index, column]:g}",
-                        row=_row_of(mask_file, index), column=column + 1, column_name=_mask_column(column + 1, NUM_SPLITS))
+                        row=_row_of(mask_file, index), column=column + 1,
+                        column_name=_mask_column(column + 1, NUM_SPLITS))
     return data, mask == 1
 
 
@@ -286,7 +288,7 @@ def check_training(folder: str | os.PathLike, data: np.ndarray, rows: np.ndarray
         >>> check_training("yacht", data, np.array([0, 1]), 0, subset=False)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        lazykern.data.checks.DataError: yacht/data.csv.gz, column 2 (the target): the target is 1 at all 2 training points of split 0; ...
+        lazykern.data.checks.DataError: yacht/data.csv.gz, column 2 (the target): the target is 1 at all 2 ...
     """
     data_file = Path(folder) / FILES[0]
     train = data[rows]

@@ -277,7 +277,7 @@ def load_uci(
     Args:
         name: dataset name, e.g. ``"pol"`` (see :data:`DATASETS`).
         split: which of the 10 standard splits, 0-9.
-        n_train: number of training points to keep (default: all of them).
+        n_train: number of training points to keep, at least 2 (default: all of them).
         seed: seed of the subsampling.
         dtype: ``torch.float32`` or ``torch.float64``.
         device: device of the returned tensors.
