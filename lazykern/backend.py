@@ -31,6 +31,7 @@ import torch.utils.checkpoint
 from torch import Tensor
 
 from . import cpu, keops_cuda, settings, torch_engine
+from . import triton as triton_engine  # (imports no triton until a kernel runs)
 from .keops import keops_lazy_tensor, keops_session, padded_size
 from .torch_engine import pairwise_params, rows_per_chunk
 
@@ -256,12 +257,13 @@ def symmetric_gradients(
     left, right = fold_columns(left.expand(shape), batch), fold_columns(right.expand(shape), batch)
     if left is None or right is None:
         return None
-    if engine_for(formula, x1, x2, params) == "cpu":
-        # The CPU pass sums both occurrences of x: distinct tensors asking for their own shares
-        # take the generic path.
+    engine = engine_for(formula, x1, x2, params)
+    if engine in ("cpu", "triton"):
+        # The compiled pass sums both occurrences of x: distinct tensors asking for their own
+        # shares take the generic path.
         if x1 is not x2 and (x1.requires_grad or x2.requires_grad):
             return None
-        grad, grads = cpu.symmetric_gradients(formula, x1, params, left, right)
+        grad, grads = (cpu if engine == "cpu" else triton_engine).symmetric_gradients(formula, x1, params, left, right)
         return grad, None, grads
     c = left.shape[-1]
     pad = padded_size(c) - c
@@ -316,6 +318,8 @@ def pairwise_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[st
     engine = engine_for(formula, x1, x2, params)
     if engine == "cpu":
         out = cpu.matmul(formula, x1, x2, params, rhs)
+    elif engine == "triton":
+        out = triton_engine.matmul(formula, x1, x2, params, rhs)
     elif engine == "keops":
         out = _keops_matmul(formula, x1, x2, params, rhs)
     else:
@@ -339,8 +343,9 @@ def pairwise_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str
     On the CPU engine the whole matrix is one compiled pass (measured: as fast as one lazy pass);
     KeOps has no dense output, so its formulas are built by the torch engine's row blocks."""
     params = _in_name_order(params)
-    if engine_for(formula, x1, x2, params) == "cpu":
-        return cpu.dense(formula, x1, x2, params)  # subnormals flushed in the compiled pass
+    engine = engine_for(formula, x1, x2, params)
+    if engine in ("cpu", "triton"):  # subnormals flushed in the compiled pass
+        return (cpu if engine == "cpu" else triton_engine).dense(formula, x1, x2, params)
     return torch_engine.rowwise(formula, x1, x2, params, None)
 
 

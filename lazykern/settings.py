@@ -77,6 +77,8 @@ class engine(_Setting):
     * ``"cpu"``: always lazykern's CPU engine (:mod:`lazykern.cpu`; a ``ValueError`` names what it
       cannot evaluate);
     * ``"keops"``: always the symbolic KeOps reduction;
+    * ``"triton"``: always lazykern's Triton engine (:mod:`lazykern.triton`: CUDA tensors, or CPU
+      tensors under ``TRITON_INTERPRET=1``; a ``ValueError`` names what it cannot evaluate);
     * ``"torch"``: always the chunked torch engine (bounded by :class:`chunk_bytes`).
 
     All engines evaluate the same formula and agree to rounding. A side with a single point
@@ -84,7 +86,7 @@ class engine(_Setting):
     """
 
     _default = "auto"
-    _choices = ("auto", "cpu", "keops", "torch")
+    _choices = ("auto", "cpu", "keops", "triton", "torch")
 
     @classmethod
     def _validate(cls, value: Any) -> str:

@@ -63,6 +63,44 @@ def _batch(*tensors: Tensor) -> torch.Size:
     return torch.broadcast_shapes(*(t.shape[:-2] for t in tensors))
 
 
+# ---------------------------------------------------------------------------- buffers
+# Every target binds a pass's operands as (base tensor, batch stride) pairs, by role.
+def _flat(t: Tensor, batch: torch.Size, nb: int) -> tuple[Tensor, int, int]:
+    """``t`` broadcast to ``batch`` as ``(nb, rows, width)``: the base tensor and its batch stride
+    (0 where ``t`` is shared by every batch entry, so it is never copied)."""
+    t = t.expand(*batch, *t.shape[-2:]).reshape(nb, *t.shape[-2:])
+    if nb == 1 or t.stride(0) == 0:
+        return t[0].contiguous(), 0, 1
+    t = t.contiguous()
+    return t, t[0].numel(), nb
+
+
+def _rows(t: Tensor, batch: torch.Size, nb: int) -> tuple[Tensor, int]:
+    base, stride, _ = _flat(t, batch, nb)
+    return base, stride
+
+
+def _param_buffers(params: Mapping[str, Tensor], batch: torch.Size, nb: int) -> dict[str, tuple[Tensor, int]]:
+    return {f"param:p:{n}": _rows(p.detach(), batch, nb) for n, p in params.items()}
+
+
+def _out(batch: torch.Size, n: int, w: int, like: Tensor) -> tuple[Tensor, int]:
+    """A ``(*batch, n, w)`` result and its batch stride, allocated in its final shape: a view
+    returned by an autograd Function may not be modified in place."""
+    return like.new_empty(*batch, n, w), n * w
+
+
+def _named_grads(sums: tuple[Tensor, int] | None, want: tuple[str, ...], outer: Tensor, params: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """The ``(rows, total width)`` sums of a backward pass split into its gradients by name (``"x"``
+    for the outer input, then the parameters, in the pass's output order)."""
+    if sums is None:
+        return {}
+    names = [w for w in ("x", *params) if w in want]
+    widths = [outer.shape[-1] if w == "x" else params[w].shape[-1] for w in names]
+    return dict(zip(names, sums[0].split(widths, dim=-1)))
+
+
+# ---------------------------------------------------------------------------- gradients
 def _param_grads(params: Mapping[str, Tensor], grads: dict[str, Tensor], batch: torch.Size) -> list[Tensor | None]:
     out = []
     for name, p in params.items():

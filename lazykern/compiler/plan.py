@@ -28,6 +28,7 @@ import functools
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+import torch
 from torch import Tensor
 
 from .grad import adjoints
@@ -35,7 +36,10 @@ from .trace import Graph, Node, trace
 
 Formula = Callable[..., object]
 
-__all__ = ["Reduction", "compact"]
+__all__ = ["DTYPES", "Reduction", "compact"]
+
+#: The element types the targets compile for, by the plan's names (``Reduction.dtype``).
+DTYPES = {torch.float32: "float", torch.float64: "double"}
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,18 @@ def compact(graph: Graph, outputs: list[int]) -> tuple[tuple[Node, ...], dict[in
     )
     return nodes, new
 
+
+
+def _reachable(nodes: tuple[Node, ...], roots: list[int]) -> list[int]:
+    """Indices of the ``nodes`` the ``roots`` depend on, in order (of a compacted pass)."""
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        a = stack.pop()
+        if a not in seen:
+            seen.add(a)
+            stack.extend(nodes[a].args)
+    return sorted(seen)
 
 
 def _spec(params: Mapping[str, Tensor]) -> tuple[tuple[str, int], ...]:

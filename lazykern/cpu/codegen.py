@@ -33,7 +33,7 @@ Example:
 
 from __future__ import annotations
 
-from ..compiler.plan import Reduction, compact
+from ..compiler.plan import Reduction, _reachable, compact
 from ..compiler.trace import BINARY, Node, Unsupported
 
 __all__ = ["Reduction", "compact", "generate", "TILES"]
@@ -475,17 +475,6 @@ class _Writer:
         if op == "relu":
             return f"({a} > (T)0 ? {a} : (T)0)"
         raise Unsupported(f"operation {op!r}")
-
-
-def _reachable(nodes: tuple[Node, ...], roots: list[int]) -> list[int]:
-    seen: set[int] = set()
-    stack = list(roots)
-    while stack:
-        a = stack.pop()
-        if a not in seen:
-            seen.add(a)
-            stack.extend(nodes[a].args)
-    return sorted(seen)
 
 
 def _scratch_rows(nodes: tuple[Node, ...], z: int) -> int:

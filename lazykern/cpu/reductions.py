@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ..compiler import passes
-from ..compiler.passes import _batch
+from ..compiler.passes import _batch, _flat, _named_grads, _out, _param_buffers, _rows
 from ..compiler.plan import Reduction, _build_program, _program, _spec
 from ..compiler.trace import Unsupported
 from . import build
@@ -44,21 +44,6 @@ WORK_PER_THREAD = 1 << 15
 
 
 # ---------------------------------------------------------------------------- buffers
-def _flat(t: Tensor, batch: torch.Size, nb: int) -> tuple[Tensor, int, int]:
-    """``t`` broadcast to ``batch`` as ``(nb, rows, width)``: the base tensor and its batch stride
-    (0 where ``t`` is shared by every batch entry, so it is never copied)."""
-    t = t.expand(*batch, *t.shape[-2:]).reshape(nb, *t.shape[-2:])
-    if nb == 1 or t.stride(0) == 0:
-        return t[0].contiguous(), 0, 1
-    t = t.contiguous()
-    return t, t[0].numel(), nb
-
-
-def _rows(t: Tensor, batch: torch.Size, nb: int) -> tuple[Tensor, int]:
-    base, stride, _ = _flat(t, batch, nb)
-    return base, stride
-
-
 def _columns(t: Tensor, batch: torch.Size, nb: int, mp: int) -> tuple[Tensor, int]:
     """``(..., M, W)`` as dimension-major ``(nb', W, mp)`` rows, zero-padded to ``mp``."""
     base, stride, count = _flat(t, batch, nb)
@@ -90,16 +75,6 @@ def threads(work: int) -> int:
 
 def _padded(m: int) -> int:
     return max(_ALIGN, -(-m // _ALIGN) * _ALIGN)
-
-
-def _param_buffers(params: Mapping[str, Tensor], batch: torch.Size, nb: int) -> dict[str, tuple[Tensor, int]]:
-    return {f"param:p:{n}": _rows(p.detach(), batch, nb) for n, p in params.items()}
-
-
-def _out(batch: torch.Size, n: int, w: int, like: Tensor) -> tuple[Tensor, int]:
-    """A ``(*batch, n, w)`` result and its batch stride, allocated in its final shape: a view
-    returned by an autograd Function may not be modified in place."""
-    return like.new_empty(*batch, n, w), n * w
 
 
 # ---------------------------------------------------------------------------- forward passes
@@ -181,12 +156,7 @@ def _grad_pass(
         product = _out(batch, n, c, x1)
         buffers["out:matmul"] = product
     _run(red, buffers, nb, n, m, mp, c)
-    grads: dict[str, Tensor] = {}
-    if sums is not None:
-        names = [w for w in ("x", *params) if w in want]
-        widths = [outer.shape[-1] if w == "x" else params[w].shape[-1] for w in names]
-        for name, part in zip(names, sums[0].split(widths, dim=-1)):
-            grads[name] = part
+    grads = _named_grads(sums, want, outer, params)
     return grads.pop("x", None), (None if product is None else product[0]), grads
 
 

@@ -1,0 +1,72 @@
+r"""Generated Triton kernels as modules in a cache folder, loaded once per process.
+
+``@triton.jit`` reads its function's source with :mod:`inspect`, so a generated kernel must live in
+a real file: the source of each :class:`~lazykern.compiler.plan.Reduction` is written to
+``lk_<hash of the source>.py`` in ``<lazykern's build folder>/triton-engine``
+(:func:`lazykern.keops.build_folder`; written under a temporary name and renamed into place, so a
+reader never sees half a file) and imported from there. The hash covers the graph, its bindings,
+the dtype and the generator itself: a change of the generator never loads a stale kernel. Triton
+keeps its own cache of compiled binaries (``~/.triton``); under ``TRITON_INTERPRET=1`` nothing is
+compiled and the kernels run on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import threading
+
+from .. import keops
+from ..compiler.plan import Reduction
+from .codegen import generate
+
+__all__ = ["folder", "interpreted", "load"]
+
+_loaded: dict[tuple[Reduction, bool], object] = {}
+_lock = threading.Lock()
+
+
+def interpreted() -> bool:
+    """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``, read by Triton when a
+    kernel is defined): on CPU tensors, exactly, slowly.
+
+    Example:
+        >>> isinstance(interpreted(), bool)
+        True
+    """
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def folder() -> str:
+    """The folder of the generated kernel sources."""
+    return os.path.join(keops.build_folder(), "triton-engine")
+
+
+def load(red: Reduction) -> object:
+    """The ``@triton.jit`` kernel of ``red`` (autotuned over tile shapes unless interpreted),
+    generated and imported on first use."""
+    key = (red, not interpreted())
+    kernel = _loaded.get(key)
+    if kernel is None:
+        with _lock:
+            kernel = _loaded.get(key)
+            if kernel is None:
+                kernel = _loaded[key] = _import(generate(red, autotune=key[1]))
+    return kernel
+
+
+def _import(source: str) -> object:
+    digest = hashlib.sha256(source.encode()).hexdigest()[:24]
+    where = folder()
+    os.makedirs(where, exist_ok=True)
+    path = os.path.join(where, f"lk_{digest}.py")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(f"lazykern_triton_{digest}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.lk_reduce

@@ -1,0 +1,277 @@
+r"""The Triton engine's public functions: products, dense blocks and fused gradients of a formula.
+
+The same compiler as the CPU engine's: each function plans its passes once per structure
+(:mod:`lazykern.compiler.plan`: trace, symbolic derivative, outputs), the autograd side is shared
+(:mod:`lazykern.compiler.passes`), and this module is the Triton target's side of it: buffers in
+the layouts of :mod:`lazykern.triton.codegen` and launches of the kernels
+:mod:`lazykern.triton.build` loads. Shapes follow :mod:`lazykern.backend`: ``x1`` ``(..., N, D1)``,
+``x2`` ``(..., M, D2)``, parameters ``(..., 1, K)``, right-hand sides ``(..., M, C)``; batch
+dimensions broadcast. Memory: the inputs, the outputs and one tile of registers per program,
+O((N + M) D); nothing of size N x M exists except a dense block asked for.
+
+Tiles: under the interpreter, fixed 16 x 16 blocks (``tl.dot``'s smallest); on a GPU, Triton's
+autotuner picks ``BLOCK_N x BLOCK_M`` among a few shapes per problem size (its first call times
+each), and column blocks of :func:`_column_block`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Callable, Mapping
+
+import torch
+from torch import Tensor
+
+from ..compiler import passes
+from ..compiler.passes import _batch, _named_grads, _out, _param_buffers, _rows
+from ..compiler.plan import DTYPES, Reduction, _build_program, _program, _spec
+from ..compiler.trace import Unsupported
+from . import build
+
+Formula = Callable[..., object]
+
+__all__ = ["available", "dense", "matmul", "supports", "symmetric_gradients"]
+
+#: Tile of the interpreter (on CPU tensors): ``tl.dot`` needs 16 at least on each axis.
+_INTERPRETED_BLOCK = 16
+
+
+def available() -> bool:
+    """Whether the Triton engine can run here: Triton is installed, and either a CUDA device is
+    present or Triton's interpreter is on (``TRITON_INTERPRET=1``: the kernels run on CPU tensors).
+
+    Example:
+        >>> isinstance(available(), bool)
+        True
+    """
+    if importlib.util.find_spec("triton") is None:
+        return False
+    return build.interpreted() or torch.cuda.is_available()
+
+
+def _device_ok(t: Tensor) -> bool:
+    return t.device.type == ("cpu" if build.interpreted() else "cuda")
+
+
+def _column_block(c: int) -> int:
+    """Columns of one ``tl.dot`` block: the column count rounded up to a power of two, 16 to 64 (a
+    product of more columns runs one program per block of them)."""
+    return min(64, max(16, 1 << (max(c, 1) - 1).bit_length()))
+
+
+def _inner(t: Tensor, batch: torch.Size, nb: int) -> tuple[Tensor, int]:
+    """Inner inputs ``(..., M, W)`` dimension-major, ``(nb', W, M)``: loads along the points are
+    contiguous."""
+    return _rows(t.transpose(-1, -2), batch, nb)
+
+
+def _launch(red: Reduction, buffers: dict[str, tuple[Tensor, int]], nb: int, n: int, m: int, c: int) -> None:
+    import triton
+    import triton.language as tl
+
+    kernel = build.load(red)
+    roles = red.operands()
+    bc = _column_block(c)
+    column_blocks = triton.cdiv(c, bc) if red.matmul is not None else 1
+    meta = dict(BLOCK_C=bc, DT=tl.float32 if red.dtype == "float" else tl.float64)
+    if build.interpreted():
+        meta.update(BLOCK_N=_INTERPRETED_BLOCK, BLOCK_M=_INTERPRETED_BLOCK)
+        grid = (triton.cdiv(n, _INTERPRETED_BLOCK), nb, column_blocks)
+    else:
+        grid = lambda cfg: (triton.cdiv(n, cfg["BLOCK_N"]), nb, column_blocks)  # noqa: E731 - Triton's grid protocol
+    if n and m and nb:
+        kernel[grid](*[buffers[r][0] for r in roles], *[buffers[r][1] for r in roles], n, m, c, **meta)
+    elif red.matmul is not None or red.sums:  # no pairs: every sum is zero
+        for r in roles:
+            if r.startswith("out:"):
+                buffers[r][0].zero_()
+
+
+def _forward_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor,
+                    transposed: bool = False) -> Tensor:
+    batch = _batch(x1, x2, rhs, *params.values())
+    nb = batch.numel()
+    outer, inner = (x2, x1) if transposed else (x1, x2)
+    n, m, c = outer.shape[-2], inner.shape[-2], rhs.shape[-1]
+    red = _program(formula, "mmT" if transposed else "mm", x1.shape[-1], x2.shape[-1], _spec(params), DTYPES[x1.dtype])
+    out = _out(batch, n, c, x1)
+    buffers = {
+        "outer:o": _rows(outer.detach(), batch, nb),
+        "inner:i": _inner(inner.detach(), batch, nb),
+        "ivec:0": _rows(rhs.detach(), batch, nb),
+        "out:matmul": out,
+        **_param_buffers(params, batch, nb),
+    }
+    _launch(red, buffers, nb, n, m, c)
+    return out[0]
+
+
+def _forward_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
+    batch = _batch(x1, x2, *params.values())
+    nb = batch.numel()
+    n, m = x1.shape[-2], x2.shape[-2]
+    red = _program(formula, "dense", x1.shape[-1], x2.shape[-1], _spec(params), DTYPES[x1.dtype])
+    out = _out(batch, n, m, x1)
+    buffers = {
+        "outer:o": _rows(x1.detach(), batch, nb),
+        "inner:i": _inner(x2.detach(), batch, nb),
+        "out:store": out,
+        **_param_buffers(params, batch, nb),
+    }
+    _launch(red, buffers, nb, n, m, 1)
+    return out[0]
+
+
+def _grad_pass(
+    formula: Formula,
+    job: str,
+    x1: Tensor,
+    x2: Tensor,
+    params: Mapping[str, Tensor],
+    want: tuple[str, ...],
+    batch: torch.Size,
+    vecs: dict[str, Tensor],
+) -> tuple[Tensor | None, Tensor | None, dict[str, Tensor]]:
+    """One backward pass (the protocol of :mod:`lazykern.compiler.passes`)."""
+    nb = batch.numel()
+    outer, inner = (x2, x1) if job.startswith("gradB") else (x1, x2)
+    n, m = outer.shape[-2], inner.shape[-2]
+    red = _program(formula, job, x1.shape[-1], x2.shape[-1], _spec(params), DTYPES[x1.dtype], want)
+    buffers = {
+        "outer:o": _rows(outer.detach(), batch, nb),
+        "inner:i": _inner(inner.detach(), batch, nb),
+        **_param_buffers(params, batch, nb),
+    }
+    c = 1
+    for k, weight in enumerate(vecs.get("pairs", ())):
+        buffers[f"pair:w{k}"] = _rows(weight, batch, nb)
+    for k, (ov, iv) in enumerate(vecs.get("dots", ())):  # both (rows, C) row-major, for tl.dot
+        buffers[f"ovec:{k}"], buffers[f"ivec:{k}"] = _rows(ov, batch, nb), _rows(iv, batch, nb)
+        c = ov.shape[-1]
+    sums = buffers["out:sums"] = _out(batch, n, red.sums_width, x1) if red.sums else None
+    product = buffers["out:matmul"] = _out(batch, n, c, x1) if red.matmul is not None else None
+    _launch(red, buffers, nb, n, m, c)
+    grads = _named_grads(sums, want, outer, params)
+    return grads.pop("x", None), (None if product is None else product[0]), grads
+
+
+# ---------------------------------------------------------------------------- public API
+def supports(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
+    """Whether the Triton engine evaluates ``formula`` on these tensors.
+
+    True when: the engine is :func:`available`; the tensors are on a CUDA device (on the CPU under
+    ``TRITON_INTERPRET=1``), all float32 or all float64, with broadcastable batch shapes; and the
+    formula traces into operations the compiler generates (``lazykern.compiler.trace``) with one
+    value per pair. Nothing is compiled.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.formulas import StationaryFormula
+        >>> x = torch.randn(10, 3, dtype=torch.float64)
+        >>> supports(StationaryFormula("rbf"), x, x, {}) == available()  # CPU tensors: the interpreter's
+        True
+    """
+    tensors = [x1, x2, *params.values()]
+    if not available() or not all(isinstance(t, Tensor) and _device_ok(t) and t.dtype == x1.dtype for t in tensors):
+        return False
+    if x1.dtype not in DTYPES or x1.dim() < 2 or x2.dim() < 2 or any(p.dim() < 2 for p in params.values()):
+        return False
+    try:
+        _batch(*tensors)
+        _program(formula, "mm", x1.shape[-1], x2.shape[-1], _spec(params), DTYPES[x1.dtype])
+    except (Unsupported, RuntimeError):
+        return False
+    return True
+
+
+def _check(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> None:
+    if supports(formula, x1, x2, params):
+        return
+    if not available():
+        raise ValueError(
+            "lazykern's Triton engine needs the triton package and a CUDA device (or TRITON_INTERPRET=1 "
+            "set before triton is imported, to run on CPU tensors)"
+        )
+    try:  # name what the formula does that the engine lacks, when that is the reason
+        _build_program(formula, "mm", x1.shape[-1], x2.shape[-1], _spec(params), DTYPES.get(x1.dtype, "double"), ())
+    except Unsupported as err:
+        raise ValueError(f"lazykern's Triton engine cannot evaluate this formula: {err}") from err
+    device = "cpu (TRITON_INTERPRET=1)" if build.interpreted() else "cuda"
+    raise ValueError(
+        f"lazykern's Triton engine needs {device} tensors of one dtype (float32 or float64) with broadcastable "
+        f"batch shapes; got x1 {x1.dtype} on {x1.device}, x2 {x2.dtype} on {x2.device}, params "
+        f"{[(n, p.dtype, tuple(p.shape)) for n, p in params.items()]}"
+    )
+
+
+def matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
+    r""":math:`K(x_1, x_2)\, V` without storing :math:`K`, differentiable in ``x1``, ``x2``, ``rhs``
+    and every parameter, on the Triton engine (the contract of :func:`lazykern.cpu.matmul`).
+
+    .. math::
+
+        (K V)_{ic} = \sum_j k(x^{(1)}_i, x^{(2)}_j)\, V_{jc}
+
+    Args:
+        formula: a kernel formula (:mod:`lazykern.formulas`) with one value per pair.
+        x1: ``(..., N, D1)`` inputs (rows of the result).
+        x2: ``(..., M, D2)`` inputs.
+        params: tensor parameters, each ``(..., 1, K)``.
+        rhs: ``(..., M, C)`` (or ``(M,)``, giving ``(N,)``).
+
+    Raises ``ValueError`` when :func:`supports` is false.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.formulas import StationaryFormula
+        >>> x = torch.randn(20, 3, dtype=torch.float64)
+        >>> if supports(StationaryFormula("rbf"), x, x, {}):  # a GPU, or the interpreter on CPU tensors
+        ...     assert matmul(StationaryFormula("rbf"), x, x, {}, torch.ones(20, 2, dtype=torch.float64)).shape == (20, 2)
+    """
+    return passes.matmul(sys.modules[__name__], formula, x1, x2, params, rhs)
+
+
+def dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
+    r"""The ``(..., N, M)`` matrix :math:`K_{ij} = k(x^{(1)}_i, x^{(2)}_j)` in one pass (entries below
+    the normal range stored as zeros), differentiable in ``x1``, ``x2`` and every parameter.
+
+    Args:
+        formula: a kernel formula with one value per pair.
+        x1: ``(..., N, D1)``.
+        x2: ``(..., M, D2)``.
+        params: tensor parameters, each ``(..., 1, K)``.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.formulas import StationaryFormula
+        >>> x = torch.randn(20, 3, dtype=torch.float64)
+        >>> if supports(StationaryFormula("rbf"), x, x, {}):
+        ...     assert torch.allclose(dense(StationaryFormula("rbf"), x, x, {}).diagonal(), torch.ones(20, dtype=torch.float64))
+    """
+    return passes.dense(sys.modules[__name__], formula, x1, x2, params)
+
+
+def symmetric_gradients(
+    formula: Formula, x: Tensor, params: Mapping[str, Tensor], left: Tensor, right: Tensor
+) -> tuple[Tensor | None, dict[str, Tensor | None]]:
+    r"""Gradients of :math:`S = \sum_{ij} \langle l_i, r_j\rangle\, k(x_i, x_j)` with respect to
+    ``x`` (both occurrences) and each parameter, in ONE pass over the pairs (the contract of
+    :func:`lazykern.cpu.symmetric_gradients`).
+
+    Args:
+        formula: a kernel formula with one value per pair.
+        x: ``(..., N, D)``.
+        params: tensor parameters, each ``(..., 1, K)``.
+        left: ``(..., N, C)``, the :math:`l_i`.
+        right: ``(..., N, C)``, the :math:`r_j`.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.formulas import StationaryFormula
+        >>> x = torch.randn(20, 3, dtype=torch.float64, requires_grad=True)
+        >>> v = torch.randn(20, 1, dtype=torch.float64)
+        >>> if supports(StationaryFormula("rbf"), x, x, {}):
+        ...     assert symmetric_gradients(StationaryFormula("rbf"), x, {}, v, v)[0].shape == (20, 3)
+    """
+    return passes.symmetric_gradients(sys.modules[__name__], formula, x, params, left, right)

@@ -1,0 +1,245 @@
+"""lazykern's Triton engine (lazykern.triton) under Triton's interpreter, on CPU tensors, against
+dense float64 references from the math (tests/reference.py, tests/reference_interactions.py).
+
+``TRITON_INTERPRET=1`` runs the generated ``@triton.jit`` kernels with NumPy, exactly and slowly
+(a pass over 23 x 17 pairs takes 0.2-1.5 s), so the sizes are tiny and the formulas few: the
+formula-level cases of tests/test_cpu_engine.py (D = 3), and the kernels users hold at D = 3.
+``TRITON_INTERPRET`` must be set before triton is imported: triton's own ``tl.sum``, ``tl.zeros``...
+are ``@triton.jit`` functions, interpreted only when defined under it. This module sets it when it
+is imported (collected); in a process that imported triton earlier without it, the module skips.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (see the module docstring)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+triton = pytest.importorskip("triton", reason="the Triton engine's tests need the triton package (the dev extra)")
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+if not isinstance(triton.language.standard.sum, InterpretedFunction):
+    pytest.skip("triton was imported in this process before TRITON_INTERPRET=1 was set; run this file on its own",
+                allow_module_level=True)
+
+import gpytorch  # noqa: E402
+
+import lazykern  # noqa: E402
+from lazykern import backend, settings  # noqa: E402
+from lazykern import triton as lk_triton  # noqa: E402
+from lazykern.formulas import StationaryFormula  # noqa: E402
+from lazykern.triton import build, reductions  # noqa: E402
+
+from . import reference  # noqa: E402
+from . import test_cpu_engine as cases  # noqa: E402  (its helpers, not its tests)
+from . import test_interactions as interactions  # noqa: E402
+from .test_cpu_engine import assert_close, grads  # noqa: E402
+
+DT = torch.float64
+D, N, M = cases.D, cases.N, cases.M
+STATIONARY = ["rbf-additive", "matern1.5-additive", "rq-additive", "periodic-additive"]
+INTERACTIONS = ["newton-girard-all", "orthogonal-2", "group"]  # R = D = 3
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The passes launched on the Triton engine (by job), to show the engine really ran."""
+    jobs: list[str] = []
+    launch = reductions._launch
+    monkeypatch.setattr(reductions, "_launch", lambda red, *a: jobs.append(red) or launch(red, *a))
+    return jobs
+
+
+# ---------------------------------------------------------------------------- formulas
+@pytest.mark.parametrize("case", STATIONARY)
+def test_matmul_values_and_gradients_with_a_batch(case, launches):
+    """K @ V of a (2,)-batch and its gradients for x1, x2, V and every hyperparameter (chained
+    back through the input transform), component scales included."""
+    hp = cases.hyperparameters()
+    x1, x2 = cases.inputs(2)
+    rhs = torch.randn(2, M, 3, dtype=DT, requires_grad=True)
+    tensors = [x1, x2, rhs, *cases.used(case, hp)]
+    formula, a, b, params = cases.formula_args(case, x1, x2, hp)
+    out = lk_triton.matmul(formula, a, b, params, rhs)
+    expected = cases.reference_kernel(case, x1, x2, hp) @ rhs
+    assert_close(out, expected)
+    weights = torch.randn_like(out)
+    for g, e in zip(grads(out, weights, tensors), grads(expected, weights, tensors)):
+        assert_close(g, e)
+    assert len(launches) == 3  # forward, and the backward passes over rows of x1 and of x2
+
+
+@pytest.mark.parametrize("case", INTERACTIONS)
+def test_interaction_matmul_dense_and_fused_gradients(case, launches):
+    """Newton-Girard (all R = 3 orders), OAK and a group-additive formula: K(x1, x2) @ V with its
+    gradients, K(x, x) dense with its one-pass backward, and the fused symmetric gradient."""
+    hp = cases.interaction_hyperparameters()
+    leaves = cases.interaction_leaves(case, hp)
+    x1, x2 = cases.inputs()
+    rhs = torch.randn(M, 2, dtype=DT, requires_grad=True)
+    formula, a, b, params = cases.interaction_args(case, x1, x2, hp)
+    out = lk_triton.matmul(formula, a, b, params, rhs)
+    expected = cases.interaction_reference(case, x1, x2, hp) @ rhs
+    assert_close(out, expected)
+    weights = torch.randn_like(out)
+    for g, e in zip(grads(out, weights, [x1, x2, rhs, *leaves]), grads(expected, weights, [x1, x2, rhs, *leaves])):
+        assert_close(g, e)
+
+    formula, a, _, params = cases.interaction_args(case, x1, x1, hp)
+    K = lk_triton.dense(formula, a, a, params)
+    expected = cases.interaction_reference(case, x1, x1, hp)
+    assert_close(K, expected)
+    weights = torch.randn(N, N, dtype=DT)
+    for g, e in zip(grads(K, weights, [x1, *leaves]), grads(expected, weights, [x1, *leaves])):
+        assert_close(g, e)
+
+    left, right = torch.randn(N, 2, dtype=DT), torch.randn(N, 2, dtype=DT)
+    formula, a, _, params = cases.interaction_args(case, x1, x1, hp)
+    gx, gp = lk_triton.symmetric_gradients(formula, a, params, left, right)
+    outputs = [(a, gx)] + [(p, gp[n]) for n, p in params.items() if p.requires_grad]
+    actual = torch.autograd.grad([o for o, _ in outputs], [x1, *leaves], [g for _, g in outputs])
+    S = (left @ right.T * cases.interaction_reference(case, x1, x1, hp)).sum()
+    for g, e in zip(actual, torch.autograd.grad(S, [x1, *leaves])):
+        assert_close(g, e)
+    assert [red.store is not None for red in launches].count(True) == 1  # one dense pass
+
+
+def test_gradcheck_and_float32():
+    formula = StationaryFormula("rbf", additive=True)
+    x1 = torch.randn(4, 2, dtype=DT, requires_grad=True)
+    x2 = torch.randn(3, 2, dtype=DT, requires_grad=True)
+    scales = torch.tensor([[0.7, 1.3]], dtype=DT, requires_grad=True)
+    rhs = torch.randn(3, 1, dtype=DT, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b, s, v: lk_triton.matmul(formula, a, b, {"scales": s}, v),
+                                    (x1, x2, scales, rhs))
+    single = lk_triton.matmul(formula, x1.float(), x2.float(), {"scales": scales.float()}, rhs.float())
+    assert single.dtype == torch.float32
+    assert_close(single.double(), lk_triton.matmul(formula, x1, x2, {"scales": scales}, rhs), rtol=1e-5)
+
+
+def test_declines_what_it_cannot_run():
+    x = torch.randn(5, 3, dtype=DT)
+    f = StationaryFormula("rbf")
+    assert lk_triton.supports(f, x, x, {}) and not lk_triton.supports(f, x, x.float(), {})
+    assert not lk_triton.supports(lambda a, b: (a - b).sinh().sum(-1), x, x, {})
+    with pytest.raises(ValueError, match="Triton engine cannot evaluate this formula"):
+        lk_triton.matmul(lambda a, b: (a - b).sinh().sum(-1), x, x, {}, torch.ones(5, 1, dtype=DT))
+
+
+# ---------------------------------------------------------------------------- as users reach it
+def _kernel(kind: str, batch_shape=torch.Size()):
+    """A D = 3 kernel with distinct hyperparameters per dimension."""
+    ls = torch.linspace(0.6, 1.7, D, dtype=DT)
+    if kind == "matern-additive":
+        base = lazykern.MaternKernel(nu=2.5, ard_num_dims=D, batch_shape=batch_shape)
+        kernel = lazykern.AdditiveStructureKernel(base, num_dims=D, component_scales=True).double()
+        kernel.component_scales = torch.linspace(0.5, 2.0, D, dtype=DT).expand_as(kernel.component_scales)
+    elif kind == "product":
+        rbf = lazykern.RBFKernel(ard_num_dims=D, batch_shape=batch_shape).double()
+        periodic = lazykern.PeriodicKernel(ard_num_dims=D, batch_shape=batch_shape).double()
+        periodic.period_length = torch.linspace(1.1, 2.3, D, dtype=DT).expand_as(periodic.period_length)
+        periodic.lengthscale = torch.linspace(0.9, 1.4, D, dtype=DT).expand_as(periodic.lengthscale)
+        kernel = rbf * periodic
+        assert isinstance(kernel, lazykern.ProductKernel)
+        rbf.lengthscale = ls.expand_as(rbf.lengthscale)
+        return kernel
+    else:
+        base = lazykern.RBFKernel(ard_num_dims=D, batch_shape=batch_shape).double()
+        if kind == "newton-girard":
+            kernel = lazykern.NewtonGirardAdditiveKernel(base, D, D, component_scales=True).double()
+            kernel.component_scales = torch.linspace(0.5, 2.0, D, dtype=DT).expand_as(kernel.component_scales)
+        elif kind == "orthogonal":
+            kernel = lazykern.OrthogonalAdditiveKernel(D, 2, batch_shape=batch_shape).double()
+            kernel.measure_mean = torch.full((1, D), 0.2, dtype=DT)
+            kernel.measure_std = torch.linspace(0.7, 1.2, D, dtype=DT).reshape(1, D)
+            base = kernel.base_kernel
+        else:
+            kernel = lazykern.GroupAdditiveKernel(base, ((0, 1), (1, 2)), num_dims=D, component_scales=True).double()
+            kernel.component_scales = torch.tensor([0.7, 1.3], dtype=DT).expand_as(kernel.component_scales)
+        base.lengthscale = ls.expand_as(base.lengthscale)
+        if kind != "group":
+            kernel.outputscale = torch.linspace(0.3, 0.9, kernel.raw_outputscale.shape[-1], dtype=DT).expand_as(
+                kernel.outputscale)
+    return kernel
+
+
+def _reference(kernel, x1, x2):
+    if isinstance(kernel, lazykern.ProductKernel):
+        rbf, periodic = kernel.kernels
+        return reference.kernel("rbf", x1, x2, rbf.lengthscale, additive=False) * reference.kernel(
+            "periodic", x1, x2, periodic.lengthscale, additive=False, period=periodic.period_length)
+    if isinstance(kernel, lazykern.AdditiveStructureKernel) and not hasattr(kernel, "max_degree"):
+        return reference.kernel("matern", x1, x2, kernel.base_kernel.lengthscale, additive=True,
+                                scales=kernel.component_scales, nu=2.5)
+    return interactions.reference_of(kernel, x1, x2)
+
+
+KINDS = ["matern-additive", "newton-girard", "orthogonal", "group", "product"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_kernel_of_x_products_dense_diagonal_and_gradients(kind, launches):
+    """``kernel(X1, X2)`` and ``kernel(X)`` (GPyTorch's lazily evaluated wrapper) under
+    ``engine("triton")``: the product and its gradients for the inputs and every hyperparameter
+    (lengthscales, component scales, order variances), the dense matrix and the diagonal. (The
+    gradients at distinct points: the Matern reference's sqrt has no derivative at distance 0.)"""
+    kernel = _kernel(kind)
+    x1, x2 = (torch.randn(N, D, dtype=DT, requires_grad=True) for _ in range(2))
+    rhs = torch.randn(N, 2, dtype=DT)
+    tensors = [x1, x2, *kernel.parameters()]
+    expected = _reference(kernel, x1, x2)
+    with settings.engine("triton"), settings.max_dense_bytes(0):
+        lazy = kernel(x1, x2)
+        assert isinstance(lazy, gpytorch.lazy.LazyEvaluatedKernelTensor)
+        out = lazy @ rhs
+        weights = torch.randn_like(out)
+        actual = grads(out, weights, tensors)
+        dense = kernel(x1).to_dense()
+        diag = kernel(x1, x2, diag=True)
+    assert_close(out, expected @ rhs)
+    for g, e in zip(actual, grads(expected @ rhs, weights, tensors)):
+        assert_close(g, e)
+    assert_close(dense, _reference(kernel, x1, x1))
+    assert_close(diag, expected.diagonal())  # (diagonals are elementwise: the torch engine's, any device)
+    assert launches, "nothing ran on the Triton engine"
+
+
+def test_exact_gp_mll_backward_with_a_batch(launches):
+    """One MLL ``backward()`` of a (2,)-batch ExactGP with a Newton-Girard kernel on the Triton
+    engine: the gradients of every raw hyperparameter equal those of the dense reference MLL."""
+
+    class GP(gpytorch.models.ExactGP):
+        def __init__(self, x, y, kernel):
+            super().__init__(x, y, gpytorch.likelihoods.GaussianLikelihood(batch_shape=torch.Size([2])))
+            self.mean, self.covar = gpytorch.means.ZeroMean(), kernel
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean(x), self.covar(x))
+
+    x = torch.randn(2, N, D, dtype=DT)
+    y = torch.randn(2, N, dtype=DT)
+    model = GP(x, y, _kernel("newton-girard", torch.Size([2]))).double()
+    model.train()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    with settings.engine("triton"):
+        mll(model(x), y).sum().backward()
+    actual = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    cov = _reference(model.covar, x, x) + model.likelihood.noise.unsqueeze(-1) * torch.eye(N, dtype=DT)
+    torch.distributions.MultivariateNormal(torch.zeros(2, N, dtype=DT), cov).log_prob(y).div(N).sum().backward()
+    for name, p in model.named_parameters():
+        assert_close(actual[name], p.grad)
+    assert launches, "nothing ran on the Triton engine"
+
+
+def test_backend_dispatches_forced_triton(launches):
+    x = torch.randn(N, D, dtype=DT)
+    f, s = StationaryFormula("rbf", additive=True), {"scales": torch.ones(1, D, dtype=DT)}
+    with settings.engine("triton"):
+        assert backend.engine_for(f, x, x, s) == "triton"
+        assert_close(backend.pairwise_matmul(f, x, x, s, torch.ones(N, dtype=DT)),
+                     reference.kernel("rbf", x, x, torch.ones(1, D, dtype=DT), additive=True).sum(-1))
+    assert len(launches) == 1 and build.interpreted()
