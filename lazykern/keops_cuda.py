@@ -98,6 +98,10 @@ class WheelCuda:
         major: the CUDA major version (12 or 13).
         builtins: NVRTC's ``libnvrtc-builtins.so.<major>.<minor>``, which NVRTC 13 opens by name
             at each compile (found from the loader's search path only, not beside ``libnvrtc``).
+
+    Example:
+        >>> WheelCuda(("/site/nvidia/cu13/include",), "/site/nvidia/cu13/lib/libnvrtc.so.13", None, 13).major
+        13
     """
 
     include: tuple[str, ...]
@@ -116,6 +120,10 @@ class Health:
         cause: why KeOps cannot run on this GPU, one sentence (empty when ``ok``).
         stack: what the verdict is keyed by: driver, NVRTC, keopscore and GPU model.
         cached: read from the verdict file of an earlier check.
+
+    Example:
+        >>> Health(False, "KeOps' GPU compile crashed (SIGSEGV, signal 11) in a health check", {}).ok
+        False
     """
 
     ok: bool
@@ -257,7 +265,12 @@ def build_shim(cuda: WheelCuda, folder: str, libcuda: str | None = None) -> str:
 def cache_base() -> str:
     """lazykern's KeOps cache folder, read without importing keopscore (whose import detects CUDA):
     ``LAZYKERN_KEOPS_CACHE``, else ``<KEOPS_CACHE_FOLDER or ~/.cache/keops<version>>/lazykern``, the
-    folder :func:`lazykern.keops.build_folder` builds under."""
+    folder :func:`lazykern.keops.build_folder` builds under.
+
+    Example:
+        >>> os.path.isabs(cache_base())
+        True
+    """
     from .keops import CACHE_ENV
 
     base = os.environ.get(CACHE_ENV)
@@ -319,6 +332,10 @@ def configure() -> str | None:
     and ``find_library`` search them; child processes inherit them) and preloads the versioned
     libraries globally (``find_library`` answers with their ``.so.<major>`` names, which the loader
     then finds already loaded). If keopscore was already imported, its CUDA detection is re-run.
+
+    Example (on a machine whose only CUDA is torch's wheels):
+        >>> configure()  # doctest: +SKIP
+        '/root/.cache/keops2.3/lazykern/cuda-shim-19e0443286'
     """
     with _lock:
         if not _configured:
@@ -425,7 +442,12 @@ def nvrtc_version(folder: str | None = None) -> tuple[int, int] | None:
 def select_jit_engine() -> str | None:
     """On NVRTC >= 13 (:func:`needs_no_cache`), build KeOps' NVRTC engine from
     :func:`patched_jit_source` into lazykern's cache (once; under a file lock) and make keopscore
-    load it; returns its path, or ``None`` where KeOps' own engine is kept. Once per process."""
+    load it; returns its path, or ``None`` where KeOps' own engine is kept. Once per process.
+
+    Example (NVRTC 13):
+        >>> select_jit_engine()  # doctest: +SKIP
+        '/root/.cache/keops2.3/lazykern/Linux_.../nvrtc-jit-3f2a9c01de/nvrtc_jit.so'
+    """
     with _lock:
         if not _engine_selected:
             _engine_selected.append(_select_jit_engine())
@@ -548,7 +570,12 @@ def health(device: Any = None) -> Health:
     one): from this process's memo, else the verdict file of its stack (:func:`verdict_path`), else
     a probe in a subprocess (one compile and reduction; 5 minutes at most), whose
     verdict is then written. Runs :func:`configure` and :func:`select_jit_engine` first, as the probe
-    does, so the verdict is about the engine this process will use."""
+    does, so the verdict is about the engine this process will use.
+
+    Example (on a GPU):
+        >>> health(0)  # doctest: +SKIP
+        Health(ok=True, cause='', stack={'driver': '580.65.06', 'nvrtc': '13.0', 'keopscore': '2.3', 'gpu': 'NVIDIA H200'}, cached=True)
+    """
     import torch
 
     index = device.index if isinstance(device, torch.device) else device
@@ -564,7 +591,13 @@ def health(device: Any = None) -> Health:
 
 def require(device: Any = None) -> None:
     """Raise one clear ``RuntimeError`` where KeOps cannot run on ``device`` (:func:`health`), instead
-    of letting a KeOps GPU compile crash the process. A no-op inside the probe itself."""
+    of letting a KeOps GPU compile crash the process. A no-op inside the probe itself.
+
+    Example (on a GPU where KeOps' compile crashes):
+        >>> require(0)  # doctest: +SKIP
+        Traceback (most recent call last):
+        RuntimeError: KeOps' GPU compile crashed (SIGSEGV, signal 11) in a health check: KeOps cannot run on ...
+    """
     if os.environ.get(_PROBE_ENV):
         return
     verdict = health(device)
