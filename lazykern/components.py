@@ -113,7 +113,7 @@ def _first_order(kernel: Kernel, outer: Tensor | float, x: Tensor):
     """Per-dimension 1-D problems of the first-order terms: the formula, ``(D, N, F)`` inputs, params."""
     d = kernel.num_dims
     if isinstance(kernel, OrthogonalAdditiveKernel):
-        x_ = kernel._inputs(x, x)[0]  # (N, 5D): [u, g(u), a(u), log a(u), m]
+        x_ = kernel.formula_arguments(x, x)[0]  # (N, 5D): [u, g(u), a(u), log a(u), m]
         per_dim = x_.reshape(x.shape[0], 5, d).permute(2, 0, 1)  # (D, N, 5)
         formula, params = InteractionFormula(StationaryFormula("rbf"), 1, kind="orthogonal"), {}
     else:
@@ -208,7 +208,7 @@ def _shares(model, kernel, outer, formula, x, x_dims, params, alpha):
     first = backend.pairwise_matmul(formula, x_dims[:, rows], x_dims, params, alpha.unsqueeze(-1)).squeeze(-1)  # (D, S)
     if isinstance(kernel, NewtonGirardAdditiveKernel):
         r = kernel.max_degree
-        x_, _, base_params = kernel._inputs(x, x)
+        x_, _, base_params = kernel.formula_arguments(x, x)
         order_params = {**base_params, "scales": kernel.term_scales(),
                         "order_variances": (outer * torch.diag_embed(kernel.outputscale)).reshape(r, 1, r)}
         by_order = backend.pairwise_matmul(kernel.formula, x_[rows], x_, order_params, alpha.unsqueeze(-1))  # (R, S, 1)

@@ -94,3 +94,48 @@ assert out.shape == (20_000, 1) and torch.isfinite(out).all()
     increase = peak_rss_increase_mb(setup, body, timeout=600)
     print(f"peak RSS increase: {increase:.0f} MB")
     assert increase < 100, f"peak RSS grew by {increase:.0f} MB"
+
+
+def test_every_lazykern_kernel_has_the_one_forward_and_lazy_products():
+    """One base: each exported kernel (groups included) runs :class:`LazyKernel`'s ``forward``
+    (ProductKernel, a combination, has its own) and builds lazykern's ``ProductKernel`` for ``*``."""
+    from lazykern.kernels.base import LazyKernel
+    from lazykern.kernels.combination import LazyKernelMixin
+
+    for name in FACTORIES:
+        cls = getattr(lazykern.kernels, name)
+        assert issubclass(cls, LazyKernelMixin), name
+        if name != "ProductKernel":
+            assert issubclass(cls, LazyKernel) and cls.forward is LazyKernel.forward, name
+
+
+class _HalfRBF(lazykern.kernels.base.LazyKernel):
+    """A kernel written only through the base's hooks: k(x, z) = exp(-|x - z|^2 / 8)."""
+
+    formula = lazykern.formulas.StationaryFormula("rbf")
+
+    def formula_arguments(self, x1, x2):
+        return x1 / 2, x2 / 2, {}
+
+    def _input_spec(self):
+        return 2, "num_dims", F64
+
+
+def test_a_new_kernel_gets_forward_checks_and_lazy_products_from_the_base():
+    kernel = _HalfRBF()
+    x, z = torch.randn(9, 2, dtype=F64), torch.randn(7, 2, dtype=F64)
+    expected = torch.exp(-((x[:, None, :] - z[None, :, :]) ** 2).sum(-1) / 8)
+    rbf = lazykern.RBFKernel().double()
+    rbf.lengthscale = torch.tensor(0.7, dtype=F64)
+    other = torch.exp(-0.5 * ((x[:, None, :] - z[None, :, :]) ** 2).sum(-1) / 0.49)
+    v = torch.randn(7, 1, dtype=F64)
+    with settings.engine("torch"), settings.max_dense_bytes(0):
+        assert_close(kernel(x, z).to_dense(), expected)
+        assert_close(kernel(x, x, diag=True), torch.ones(9, dtype=F64))
+        product = (kernel * rbf)(x, z).evaluate_kernel()
+        assert isinstance(product, LazyKernelOperator)
+        assert_close(product @ v, (expected * other) @ v)
+    with pytest.raises(ValueError, match=r"expects 2 \(num_dims=2\)"):
+        kernel(torch.randn(9, 3, dtype=F64)).to_dense()
+    with pytest.raises(ValueError, match="_HalfRBF does not take last_dim_is_batch"):
+        kernel.forward(x, z, last_dim_is_batch=True)

@@ -307,3 +307,44 @@ def test_keops_autograd_of_a_product():
     assert_close(out, expected)
     for g, e in zip(grads, _grads(expected, weights, [x1, x2, rhs, *params])):
         assert_close(g, e)
+
+
+def _relative_imports(package: str) -> dict[str, list[tuple[str, list[str]]]]:
+    """For each module of ``package``: the sibling modules it imports (at any depth, function bodies
+    included) and the names it takes from each."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    folder = Path(importlib.import_module(package).__file__).parent
+    found = {}
+    for path in folder.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        found[path.stem] = [
+            (node.module.split(".")[0], [alias.name for alias in node.names])
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+        ]
+    return found
+
+
+def test_kernel_modules_import_without_a_circle():
+    imports = {m: {target for target, _ in found} for m, found in _relative_imports("lazykern.kernels").items()}
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, "import circle: " + " -> ".join(path + (module,))
+        if module not in done:
+            for target in imports.get(module, ()):
+                visit(target, path + (module,))
+            done.add(module)
+
+    for module in imports:
+        visit(module, ())
+
+
+@pytest.mark.parametrize("package", ["lazykern.kernels", "lazykern.formulas"])
+def test_no_module_imports_a_private_name_of_another(package):
+    private = [(module, target, name) for module, found in _relative_imports(package).items()
+               for target, names in found for name in names if name.startswith("_")]
+    assert private == []

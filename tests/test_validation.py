@@ -83,3 +83,95 @@ def test_settings_validate():
         lazykern.settings.engine("cuda")
     with pytest.raises(ValueError, match="max_dense_bytes"):
         lazykern.settings.max_dense_bytes(-1)
+
+
+def test_settings_name_the_setting_and_the_expected_int():
+    for setting, bad, expected in ((lazykern.settings.keops_min_size, -1, "a non-negative int"),
+                                   (lazykern.settings.max_dense_bytes, 1.5, "a non-negative int"),
+                                   (lazykern.settings.chunk_bytes, 0, "a positive int"),
+                                   (lazykern.settings.keops_min_size, True, "a non-negative int")):
+        before = setting.value()
+        with pytest.raises(ValueError, match=f"lazykern.settings.{setting.__name__} must be {expected}, got"):
+            setting(bad)
+        with pytest.raises(ValueError, match=f"lazykern.settings.{setting.__name__} must be"):
+            setting.set_global(bad)
+        assert setting.value() == before
+
+
+@pytest.mark.parametrize(
+    "check, error, match",
+    [
+        (lambda v: v.check_non_negative_int("n", -1), ValueError, "n must be a non-negative int, got -1"),
+        (lambda v: v.check_non_negative_int("n", False), ValueError, "n must be a non-negative int, got False"),
+        (lambda v: v.check_non_negative_int("n", "3", optional=True), ValueError,
+         "n must be a non-negative int or None, got '3'"),
+        (lambda v: v.check_positive_int_at_most("r", 0, 4, "num_dims=4"), ValueError, "r must be a positive int, got 0"),
+        (lambda v: v.check_positive_int_at_most("r", 5, 4, "num_dims=4"), ValueError, "r must be at most num_dims=4, got 5"),
+        (lambda v: v.check_choice("nu", 1, (0.5, 1.5)), ValueError, r"nu must be one of \(0.5, 1.5\), got 1"),
+        (lambda v: v.check_choice("measure", "u", ("gaussian",)), ValueError, "measure must be 'gaussian', got 'u'"),
+        (lambda v: v.check_per_dimension("m", [1.0, 2.0], 3, dtype=torch.float64), ValueError,
+         r"m must be a number or 3 numbers \(one per dimension\), got shape \(2,\)"),
+        (lambda v: v.check_per_dimension("m", float("nan"), 3, dtype=torch.float64), ValueError, "m must be finite"),
+        (lambda v: v.check_per_dimension("s", [1.0, -1.0], 2, dtype=torch.float64, positive=True), ValueError,
+         r"s must be positive, got \[1.0, -1.0\]"),
+        (lambda v: v.check_index_groups("groups", "ab"), ValueError, "groups must be a non-empty sequence"),
+        (lambda v: v.check_index_groups("groups", [(0,), ()]), ValueError, r"got group \(\)"),
+        (lambda v: v.check_index_groups("groups", [(0, True)]), ValueError, r"got group \(0, True\)"),
+        (lambda v: v.check_index_groups("groups", [(0, -1)]), ValueError, r"got group \(0, -1\)"),
+        (lambda v: v.check_index_groups("groups", [[0, 1.0]]), ValueError, r"got group \[0, 1.0\]"),
+    ],
+)
+def test_check_helpers_name_the_argument_and_what_was_expected(check, error, match):
+    from lazykern import validation
+
+    with pytest.raises(error, match=match):
+        check(validation)
+
+
+def test_check_helpers_return_what_they_accept():
+    from lazykern import validation
+
+    assert validation.check_non_negative_int("n", 0) == 0
+    assert validation.check_non_negative_int("n", None, optional=True) is None
+    assert validation.check_positive_int_at_most("r", 4, 4, "num_dims=4") == 4
+    assert validation.check_choice("nu", 1.5, (0.5, 1.5)) == 1.5
+    value = validation.check_per_dimension("m", torch.tensor([1.0, 2.0]), 2, dtype=torch.float64, positive=True)
+    assert value.dtype == torch.float64 and value.tolist() == [[1.0, 2.0]]
+    assert validation.check_index_groups("groups", [[2], range(2)]) == ((2,), (0, 1))
+
+
+def test_matern_nu_is_checked_once_where_the_formula_is_built(no_reduction):
+    """lazykern's MaternKernel refuses a bad nu at construction; GPyTorch's, whose nu is a plain
+    attribute, when the formula is built, before any reduction: both by the formula's one check."""
+    with pytest.raises(ValueError, match=r"nu must be one of \(0.5, 1.5, 2.5\), got 2.0"):
+        lazykern.formulas.StationaryFormula("matern", nu=2.0)
+    base = gpytorch.kernels.MaternKernel(nu=1.5)
+    base.nu = 2.0
+    with pytest.raises(ValueError, match=r"nu must be one of \(0.5, 1.5, 2.5\), got 2.0"):
+        lazykern.AdditiveStructureKernel(base, num_dims=3)
+    mixed = lazykern.RBFKernel() * lazykern.MaternKernel()
+    mixed.kernels[1].nu = 3.5
+    with pytest.raises(ValueError, match="nu must be one of"):
+        mixed(X, X).to_dense()
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda: lazykern.GroupAdditiveKernel(lazykern.RBFKernel(active_dims=(0,)), [(0,)]),
+         "pass active_dims to GroupAdditiveKernel instead"),
+        (lambda: lazykern.NewtonGirardAdditiveKernel(lazykern.RBFKernel(active_dims=(0,)), 2),
+         "pass active_dims to NewtonGirardAdditiveKernel instead"),
+        (lambda: lazykern.GroupAdditiveKernel(lazykern.RBFKernel(), [(0,)], num_dims=2, active_dims=(0, 1, 2)),
+         "active_dims has 3 entries but num_dims=2"),
+        (lambda: lazykern.GroupAdditiveKernel(lazykern.RBFKernel(), [(0,)], num_dims=0), "num_dims must be a positive int"),
+        (lambda: lazykern.GroupAdditiveKernel(lazykern.RBFKernel(), [(0, True)]), r"got group \(0, True\)"),
+        (lambda: lazykern.AdditiveStructureKernel(lazykern.RBFKernel(), component_scales=True),
+         "component_scales=True needs num_dims"),
+        (lambda: lazykern.OrthogonalAdditiveKernel(2, measure_std=[1.0, float("inf")]), "measure_std must be finite"),
+        (lambda: lazykern.OrthogonalAdditiveKernel(2, measure_std=[1.0, -2.0]), "measure_std must be positive"),
+    ],
+)
+def test_sum_kernels_share_one_constructor_check(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()

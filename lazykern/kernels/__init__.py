@@ -1,4 +1,5 @@
-"""GPyTorch kernels backed by lazy KeOps formulas."""
+"""GPyTorch kernels, each one lazy formula for whichever engine :mod:`lazykern.backend` picks (not
+only KeOps): :class:`~lazykern.kernels.base.LazyKernel` is their base."""
 
 from .additive_structure import AdditiveStructureKernel
 from .base_kernels import MaternKernel, PeriodicKernel, RBFKernel, RQKernel

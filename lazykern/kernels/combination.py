@@ -12,10 +12,34 @@ from linear_operator import to_linear_operator
 from linear_operator.operators import LinearOperator
 from torch import Tensor
 
-from ..operators import LazyKernelOperator
-from .stationary import LazyKernelMixin
+from gpytorch.kernels import Kernel
 
-__all__ = ["ProductKernel"]
+from ..operators import LazyKernelOperator
+
+__all__ = ["LazyKernelMixin", "ProductKernel"]
+
+
+class LazyKernelMixin:
+    """Mixin of every lazykern kernel: ``kernel * other`` is a :class:`ProductKernel`, which
+    evaluates lazykern factors as one formula also when ``x1`` differs from ``x2`` (GPyTorch's
+    ``ProductKernel`` makes those dense). Sums need nothing: GPyTorch's ``AdditiveKernel`` adds the
+    operators, and lazykern operators add into one formula.
+
+    It lives beside :class:`ProductKernel`, which it builds and which is itself a lazykern kernel
+    (so products of products flatten).
+
+    Example:
+        >>> import lazykern
+        >>> kernel = lazykern.RBFKernel() * lazykern.MaternKernel() * lazykern.RQKernel()
+        >>> type(kernel).__name__, len(kernel.kernels)
+        ('ProductKernel', 3)
+    """
+
+    def __mul__(self, other: Kernel) -> Kernel:
+        kernels = []
+        for k in (self, other):
+            kernels += list(k.kernels) if isinstance(k, gpytorch.kernels.ProductKernel) else [k]
+        return ProductKernel(*kernels)
 
 
 class ProductKernel(LazyKernelMixin, gpytorch.kernels.ProductKernel):

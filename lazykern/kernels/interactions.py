@@ -17,23 +17,19 @@ from ..formulas.interactions import (
     orthogonal_rbf_variance,
 )
 from ..formulas.stationary import StationaryFormula
-from ..operators import LazyKernelOperator
-from ..validation import check_kernel_inputs, check_positive_int
-from .additive_structure import AdditiveStructureKernel, _ComponentScales
+from ..validation import (
+    check_choice,
+    check_index_groups,
+    check_per_dimension,
+    check_positive_int,
+    check_positive_int_at_most,
+)
+from .additive_structure import AdditiveStructureKernel
+from .base import WeightedTermsKernel
 from .base_kernels import RBFKernel
-from .stationary import LazyKernelMixin, check_no_last_dim_is_batch, formula_for, formula_inputs
+from .stationary import formula_for, formula_inputs
 
 __all__ = ["NewtonGirardAdditiveKernel", "OrthogonalAdditiveKernel", "GroupAdditiveKernel"]
-
-
-def _check_max_degree(max_degree: int | None, num_dims: int) -> int:
-    if max_degree is None:
-        return num_dims
-    check_positive_int("max_degree", max_degree)
-    if max_degree > num_dims:
-        raise ValueError(f"max_degree must be at most num_dims={num_dims} (orders are subsets of dimensions), "
-                         f"got {max_degree}")
-    return max_degree
 
 
 class NewtonGirardAdditiveKernel(AdditiveStructureKernel):
@@ -51,7 +47,7 @@ class NewtonGirardAdditiveKernel(AdditiveStructureKernel):
     (for unit ``component_scales``); GPyTorch's kernel of this name uses :math:`\sigma_r^2 e_r`,
     i.e. its ``outputscale[r-1]`` is this one divided by :math:`\binom Dr`.
 
-    All orders are computed together in one KeOps formula by an O(D R) recurrence (not the
+    All orders are computed together in one formula by an O(D R) recurrence (not the
     Newton–Girard power sums, which lose every digit of the high orders in float32: see
     :func:`lazykern.formulas.interactions.elementary_symmetric` for the measurements), so memory
     stays O((N + M) D): neither GPyTorch's R x D x N x N tensor nor N x M is formed.
@@ -95,7 +91,8 @@ class NewtonGirardAdditiveKernel(AdditiveStructureKernel):
     ) -> None:
         super().__init__(base_kernel, num_dims, active_dims=active_dims, component_scales=component_scales,
                          component_scales_constraint=component_scales_constraint)
-        self.max_degree = _check_max_degree(max_degree, num_dims)
+        self.max_degree = num_dims if max_degree is None else check_positive_int_at_most(
+            "max_degree", max_degree, num_dims, f"num_dims={num_dims} (orders are subsets of dimensions)")
         self.formula = self._make_formula()
         dtype = self._dtype()
         self.register_parameter(
@@ -110,9 +107,6 @@ class NewtonGirardAdditiveKernel(AdditiveStructureKernel):
 
     def _make_formula(self) -> InteractionFormula:
         return InteractionFormula(formula_for(self.base_kernel, additive=False), self.max_degree)
-
-    def _dtype(self) -> torch.dtype:
-        return self.base_kernel.raw_lengthscale.dtype
 
     @property
     def outputscale(self) -> Tensor:
@@ -131,20 +125,15 @@ class NewtonGirardAdditiveKernel(AdditiveStructureKernel):
         """Transformed inputs and the tensor parameters of :attr:`formula` but the scales and variances."""
         return formula_inputs(self.base_kernel, x1, x2)
 
-    def term_scales(self) -> Tensor:
-        """The factors :math:`s_d` applied to the per-dimension terms, ``(*batch_shape, 1, num_dims)``."""
-        return self.component_scales
-
-    def forward(
-        self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params
-    ) -> LazyKernelOperator | Tensor:
-        check_no_last_dim_is_batch(self, last_dim_is_batch)
-        check_kernel_inputs(x1, x2, num_dims=self.num_dims, num_dims_name="num_dims", dtype=self._dtype())
+    def formula_arguments(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         x1_, x2_, tensor_params = self._inputs(x1, x2)
         tensor_params["scales"] = self.term_scales()
         tensor_params["order_variances"] = self.outputscale.unsqueeze(-2)
-        op = LazyKernelOperator(x1_, x2_, covar_func=self.formula, **tensor_params)
-        return op.diagonal(dim1=-2, dim2=-1) if diag else op
+        return x1_, x2_, tensor_params
+
+    def term_scales(self) -> Tensor:
+        """The factors :math:`s_d` applied to the per-dimension terms, ``(*batch_shape, 1, num_dims)``."""
+        return self.component_scales
 
 
 class OrthogonalAdditiveKernel(NewtonGirardAdditiveKernel):
@@ -177,7 +166,7 @@ class OrthogonalAdditiveKernel(NewtonGirardAdditiveKernel):
     different subsets of dimensions are then orthogonal under :math:`p = \prod_d p_d`, which makes
     them identifiable and gives closed-form Sobol indices
     (:func:`lazykern.components.component_analysis`). The constant (order 0) is left to the GP's
-    mean. Everything is one KeOps formula; memory stays O((N + M) D).
+    mean. Everything is one formula; memory stays O((N + M) D).
 
     Args:
         num_dims: number of input dimensions D (after ``active_dims``).
@@ -195,7 +184,7 @@ class OrthogonalAdditiveKernel(NewtonGirardAdditiveKernel):
         >>> import torch, lazykern
         >>> kernel = lazykern.kernels.OrthogonalAdditiveKernel(num_dims=5, max_degree=2)
         >>> x = torch.randn(2000, 5)
-        >>> K = kernel(x)                      # lazy; K @ v is one KeOps reduction
+        >>> K = kernel(x)                      # lazy; K @ v is one reduction
         >>> kernel.base_kernel.lengthscale.shape
         torch.Size([1, 5])
     """
@@ -218,8 +207,7 @@ class OrthogonalAdditiveKernel(NewtonGirardAdditiveKernel):
         outputscale_constraint: Interval | None = None,
         outputscale_prior: Prior | None = None,
     ) -> None:
-        if input_measure != "gaussian":
-            raise ValueError(f"input_measure must be 'gaussian', got {input_measure!r}")
+        check_choice("input_measure", input_measure, ("gaussian",))
         check_positive_int("num_dims", num_dims)
         base = RBFKernel(ard_num_dims=num_dims, batch_shape=batch_shape, lengthscale_prior=lengthscale_prior,
                          lengthscale_constraint=lengthscale_constraint)
@@ -227,20 +215,10 @@ class OrthogonalAdditiveKernel(NewtonGirardAdditiveKernel):
                          component_scales_constraint=component_scales_constraint,
                          outputscale_constraint=outputscale_constraint, outputscale_prior=outputscale_prior)
         self.input_measure = input_measure
-        self.register_buffer("measure_mean", self._per_dimension("measure_mean", measure_mean))
-        std = self._per_dimension("measure_std", measure_std)
-        if not bool((std > 0).all()):
-            raise ValueError("measure_std must be positive")
-        self.register_buffer("measure_std", std)
-
-    def _per_dimension(self, name: str, value: float | Tensor) -> Tensor:
-        value = torch.as_tensor(value, dtype=self._dtype())
-        if value.dim() > 1 or value.numel() not in (1, self.num_dims):
-            raise ValueError(f"{name} must be a number or {self.num_dims} numbers (one per dimension), "
-                             f"got shape {tuple(value.shape)}")
-        if not bool(torch.isfinite(value).all()):
-            raise ValueError(f"{name} must be finite")
-        return value.reshape(-1).expand(self.num_dims).reshape(1, self.num_dims).clone()
+        dtype = self._dtype()
+        self.register_buffer("measure_mean", check_per_dimension("measure_mean", measure_mean, num_dims, dtype=dtype))
+        self.register_buffer("measure_std",
+                             check_per_dimension("measure_std", measure_std, num_dims, dtype=dtype, positive=True))
 
     def _make_formula(self) -> InteractionFormula:
         return InteractionFormula(StationaryFormula("rbf"), self.max_degree, kind="orthogonal")
@@ -255,7 +233,7 @@ class OrthogonalAdditiveKernel(NewtonGirardAdditiveKernel):
         return x1_, x1_ if x2 is x1 else features(x2), {}
 
 
-class GroupAdditiveKernel(_ComponentScales, LazyKernelMixin, Kernel):
+class GroupAdditiveKernel(WeightedTermsKernel):
     r"""A sum of one multi-dimensional base kernel over given groups of dimensions, lazily.
 
     .. math::
@@ -263,7 +241,7 @@ class GroupAdditiveKernel(_ComponentScales, LazyKernelMixin, Kernel):
         k(x, x') = \sum_{g=1}^{G} s_g\, k_{\text{base}}(x_{G_g}, x'_{G_g})
 
     Groups may overlap and have any sizes; a dimension's lengthscale is shared by the groups that
-    contain it. All groups are one KeOps formula: memory stays O((N + M) D).
+    contain it. All groups are one formula: memory stays O((N + M) D).
 
     Args:
         base_kernel: lazykern's or GPyTorch's RBF, Matérn, RQ or periodic kernel, with a shared
@@ -293,70 +271,23 @@ class GroupAdditiveKernel(_ComponentScales, LazyKernelMixin, Kernel):
         component_scales: bool = False,
         component_scales_constraint: Interval | None = None,
     ) -> None:
-        base = formula_for(base_kernel, additive=False)
-        groups = self._check_groups(groups)
+        formula = GroupFormula(formula_for(base_kernel, additive=False))
+        groups = check_index_groups("groups", groups)
         largest = max(max(g) for g in groups)
         if num_dims is None:
             num_dims = largest + 1
-        check_positive_int("num_dims", num_dims)
+        super().__init__(base_kernel, formula, num_dims=num_dims, num_terms=len(groups), active_dims=active_dims,
+                         component_scales=component_scales, component_scales_constraint=component_scales_constraint)
         if largest >= num_dims:
             raise ValueError(f"groups use column {largest} but num_dims={num_dims}")
-        if active_dims is not None and len(active_dims) != num_dims:
-            raise ValueError(f"active_dims has {len(active_dims)} entries but num_dims={num_dims}")
-        if base_kernel.active_dims is not None:
-            raise ValueError("base_kernel.active_dims must be None: pass active_dims to GroupAdditiveKernel instead")
-        for name in ("lengthscale", "period_length"):
-            value = getattr(base_kernel, name, None)
-            if value is not None and value.shape[-1] not in (1, num_dims):
-                raise ValueError(f"base_kernel.{name} has {value.shape[-1]} entries: use ard_num_dims=None "
-                                 f"(shared) or ard_num_dims=num_dims={num_dims} (one per dimension)")
-        super().__init__(active_dims=active_dims, batch_shape=base_kernel.batch_shape)
-        self.base_kernel = base_kernel
         self.groups = groups
-        self.num_dims = num_dims
-        self.formula = GroupFormula(base)
-        dtype = base_kernel.raw_lengthscale.dtype
-        membership = torch.zeros(len(groups), num_dims, dtype=dtype)
+        membership = torch.zeros(len(groups), num_dims, dtype=self._dtype())
         for g, dims in enumerate(groups):
             membership[g, list(dims)] = 1
         self.register_buffer("membership", membership.reshape(1, -1))
-        if component_scales:
-            self.register_parameter("raw_component_scales",
-                                    torch.nn.Parameter(torch.zeros(*self.batch_shape, 1, len(groups), dtype=dtype)))
-            self.register_constraint("raw_component_scales",
-                                     Positive() if component_scales_constraint is None else component_scales_constraint)
-            self.component_scales = torch.ones(*self.batch_shape, 1, len(groups), dtype=dtype)
 
-    @staticmethod
-    def _check_groups(groups: object) -> tuple[tuple[int, ...], ...]:
-        message = "groups must be a non-empty sequence of non-empty sequences of distinct non-negative column indices"
-        if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence) or not groups:
-            raise ValueError(f"{message}, got {groups!r}")
-        checked = []
-        for group in groups:
-            if isinstance(group, (str, bytes)) or not isinstance(group, Sequence) or not group:
-                raise ValueError(f"{message}, got group {group!r}")
-            bad = any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in group)
-            if bad or len(set(group)) != len(group):
-                raise ValueError(f"{message}, got group {group!r}")
-            checked.append(tuple(group))
-        return tuple(checked)
-
-    def _unit_scales_width(self) -> int:
-        # The per-group weights s_g.
-        return len(self.groups)
-
-    def forward(
-        self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params
-    ) -> LazyKernelOperator | Tensor:
-        check_no_last_dim_is_batch(self, last_dim_is_batch)
-        check_kernel_inputs(x1, x2, num_dims=self.num_dims, num_dims_name="num_dims",
-                            dtype=self.base_kernel.raw_lengthscale.dtype)
+    def formula_arguments(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         x1_, x2_, tensor_params = formula_inputs(self.base_kernel, x1, x2)
         tensor_params["membership"] = self.membership
         tensor_params["scales"] = self.component_scales
-        op = LazyKernelOperator(x1_, x2_, covar_func=self.formula, **tensor_params)
-        return op.diagonal(dim1=-2, dim2=-1) if diag else op
-
-    def prediction_strategy(self, train_inputs, train_prior_dist, train_labels, likelihood):
-        return self.base_kernel.prediction_strategy(train_inputs, train_prior_dist, train_labels, likelihood)
+        return x1_, x2_, tensor_params

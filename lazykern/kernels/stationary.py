@@ -2,7 +2,8 @@
 
 This is the bridge that lets lazykern's kernels *and* GPyTorch's own ``RBFKernel``,
 ``MaternKernel``, ``RQKernel`` and ``PeriodicKernel`` drive the same formulas with their own,
-trainable hyperparameters.
+trainable hyperparameters; :class:`LazyStationaryKernel` is the :class:`~lazykern.kernels.base.LazyKernel`
+of the full-dimensional ones.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from gpytorch.kernels import Kernel
 from torch import Tensor
 
 from ..formulas import StationaryFormula
-from ..formulas.stationary import MATERN_NUS
-from ..operators import LazyKernelOperator
-from ..validation import check_kernel_inputs
+from .base import LazyKernel
 
 SUPPORTED_BASES = (
     gpytorch.kernels.RBFKernel,
@@ -32,8 +31,7 @@ def formula_for(kernel: Kernel, additive: bool) -> StationaryFormula:
     if isinstance(kernel, gpytorch.kernels.RBFKernel):
         return StationaryFormula("rbf", additive)
     if isinstance(kernel, gpytorch.kernels.MaternKernel):
-        if kernel.nu not in MATERN_NUS:
-            raise ValueError(f"nu must be one of {MATERN_NUS}, got {kernel.nu!r}")
+        # The formula checks nu: GPyTorch's kernel lets it change after construction.
         return StationaryFormula("matern", additive, nu=float(kernel.nu))
     if isinstance(kernel, gpytorch.kernels.RQKernel):
         return StationaryFormula("rq", additive)
@@ -95,38 +93,25 @@ def formula_inputs(
     return x1_, x1_ if symmetric else (x2 - centre) / scale, params
 
 
-def check_no_last_dim_is_batch(kernel: Kernel, last_dim_is_batch: bool) -> None:
-    if last_dim_is_batch:
-        raise ValueError(
-            f"{type(kernel).__name__} does not take last_dim_is_batch=True; for a sum over dimensions use "
-            "lazykern.kernels.AdditiveStructureKernel, which never forms the d x N x N batch"
-        )
+class LazyStationaryKernel(LazyKernel):
+    """Base of lazykern's full-dimensional stationary kernels (:class:`~lazykern.kernels.RBFKernel`
+    and the like, each also subclassing its GPyTorch namesake): the formula and its arguments
+    follow from the GPyTorch hyperparameters (:func:`formula_for`, :func:`formula_inputs`).
 
+    Example:
+        >>> import lazykern
+        >>> lazykern.MaternKernel(nu=1.5).formula
+        StationaryFormula(family='matern', additive=False, nu=1.5)
+    """
 
-class LazyKernelMixin:
-    """Mixin of every lazykern kernel: ``kernel * other`` is a :class:`lazykern.kernels.ProductKernel`,
-    which evaluates lazykern factors as one formula also when ``x1`` differs from ``x2`` (GPyTorch's
-    ``ProductKernel`` makes those dense). Sums need nothing: GPyTorch's ``AdditiveKernel`` adds the
-    operators, and lazykern operators add into one formula."""
+    @property
+    def formula(self) -> StationaryFormula:
+        """The formula of this kernel, read on each call (as GPyTorch's ``nu`` is an attribute)."""
+        return formula_for(self, additive=False)
 
-    def __mul__(self, other: Kernel) -> Kernel:
-        from .combination import ProductKernel
+    def formula_arguments(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        return formula_inputs(self, x1, x2)
 
-        kernels = []
-        for k in (self, other):
-            kernels += list(k.kernels) if isinstance(k, gpytorch.kernels.ProductKernel) else [k]
-        return ProductKernel(*kernels)
-
-
-class LazyStationaryKernel(LazyKernelMixin, Kernel):
-    """Mixin: ``forward`` of a full-dimensional stationary kernel as one lazy formula."""
-
-    def forward(
-        self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params
-    ) -> LazyKernelOperator | Tensor:
-        check_no_last_dim_is_batch(self, last_dim_is_batch)
+    def _input_spec(self) -> tuple[int | None, str, torch.dtype]:
         ard = self.ard_num_dims if self.ard_num_dims not in (None, 1) else None
-        dtype = check_kernel_inputs(x1, x2, num_dims=ard, dtype=self.lengthscale.dtype)
-        x1_, x2_, tensor_params = formula_inputs(self, x1, x2, dtype)
-        op = LazyKernelOperator(x1_, x2_, covar_func=formula_for(self, additive=False), **tensor_params)
-        return op.diagonal(dim1=-2, dim2=-1) if diag else op
+        return ard, "ard_num_dims", self.raw_lengthscale.dtype
