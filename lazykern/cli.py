@@ -229,7 +229,7 @@ def _library_output(verbose: bool) -> Iterator[None]:
     # (to stderr, lazykern.keops_messages). stdout carries the command's report alone (it is read,
     # piped and parsed), so library output goes to stderr with --verbose and nowhere otherwise.
     if verbose:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), keops_messages.verbose():
             yield
     else:
         with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), keops_messages.silenced():
