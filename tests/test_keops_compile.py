@@ -150,6 +150,17 @@ def test_a_truncated_compiled_module_is_rebuilt_once(monkeypatch, tmp_path):
         lk._LazykernLoader(keops_loader=None, lazykern_builds=True)("formula 2", {lk._MARK: lk.compile_flags()})
 
 
+def test_precompile_is_the_function_without_a_package_patch():
+    """``lazykern.precompile`` is the function; its module has another name (``lazykern.warmup``), so
+    importing the module binds nothing over it and the package is a plain module."""
+    import importlib
+    import types
+
+    warmup = importlib.import_module("lazykern.warmup")
+    assert type(lazykern) is types.ModuleType
+    assert lazykern.precompile is warmup.precompile is precompile
+
+
 def test_precompile_rejects_bad_arguments():
     kernel = lazykern.AdditiveStructureKernel(lazykern.RBFKernel(), num_dims=3)
     with pytest.raises(TypeError, match="kernel"):

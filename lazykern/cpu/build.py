@@ -1,6 +1,6 @@
 r"""Compile generated reductions with a C compiler into a cache folder and load them with ``ctypes``.
 
-One shared library per :class:`~lazykern.cpu.codegen.Reduction`, named by a hash of its generated
+One shared library per ``Reduction`` (``lazykern.compiler.plan``), named by a hash of its generated
 source (so the expression graph, its bindings and outputs, the dtype, and the generator itself), in
 the folder :func:`cache_folder` gives for the engine's whole flag set, compiler and CPU model (a
 shared cache never serves one CPU's code to another). Parameter *values* are runtime arguments,
@@ -23,8 +23,8 @@ reduction compiles in about a second. A file lock per library makes concurrent p
 written under a temporary name and renamed into place, so a reader never sees half a file.
 
 Example:
-    >>> os.path.basename(cache_folder("-O2")).startswith("flags-"), cache_folder("-O2") == cache_folder("-O3")
-    (True, False)
+    >>> os.path.basename(cache_folder()).startswith("flags-"), engine_flags().startswith(BASE_FLAGS)
+    (True, True)
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ __all__ = [
 #: engines kept finite.
 BASE_FLAGS = "-x c -std=gnu11 -O2 -ffp-contract=off -fopenmp -fPIC -shared"
 
-#: The default extra flags: the widest vector instructions of the running CPU (``-march=native``),
-#: and glibc's vector ``exp``/``log``/``sin`` (a few ulp) in ``omp simd`` loops: ``-D__FAST_MATH__``
+#: Default extra flags, for the widest vector instructions of the running CPU (``-march=native``)
+#: and glibc's vector ``exp``/``log``/``sin`` (a few ulp) in ``omp simd`` loops. ``-D__FAST_MATH__``
 #: makes ``math.h`` declare them, ``-fno-math-errno -fno-trapping-math`` let GCC call them, IEEE
 #: semantics otherwise kept (the generated C includes ``math.h`` and calls ``expf`` for float).
 VECTOR_MATH_FLAGS = "-march=native -fno-math-errno -fno-trapping-math -D__FAST_MATH__"
@@ -133,6 +133,10 @@ def cache_folder(flags: str | None = None) -> str:
     """The folder of the libraries compiled with ``flags`` (default :func:`engine_flags`):
     ``<base>/flags-<hash of flags, compiler, CPU model>``, ``<base>`` being ``LAZYKERN_CPU_CACHE``
     or ``$XDG_CACHE_HOME/lazykern/cpu-engine``. Deleting it is safe: reductions are recompiled.
+
+    Example:
+        >>> cache_folder("-O2") == cache_folder(" -O2 "), cache_folder("-O2") == cache_folder("-O3")
+        (True, False)
     """
     flags = engine_flags() if flags is None else " ".join(flags.split())
     base = os.environ.get(CACHE_ENV) or os.path.join(
