@@ -148,7 +148,7 @@ def _build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--compare", action="store_true",
                          help=f"also train {' and '.join(COMPARE_KERNELS)} (lazykern's and GPyTorch's ARD RBF) "
                          "on the same split and report them side by side")
-        sub.add_argument("--n-train", type=_positive_int, default=None, metavar="N",
+        sub.add_argument("--n-train", type=_int_at_least(2), default=None, metavar="N",
                          help=f"training points (default: {gpu_n_train} on a GPU, {cpu_n_train} on a CPU)")
         sub.add_argument("--optimizer", choices=OPTIMIZERS, default="auto",
                          help="lbfgs: L-BFGS with a line search (meant for the exact likelihood); adam: Adam, halving "

@@ -1,5 +1,6 @@
-r"""Exact GP regression with lazy kernels: build a model (:mod:`~lazykern.regression.model`), train it
-(:mod:`~lazykern.regression.training`), evaluate it (:mod:`~lazykern.regression.evaluation`).
+r"""Exact GP regression with lazy kernels: build a model (``regression/model.py``), train it
+(``regression/training.py``), evaluate it (``regression/evaluation.py``); every name below is
+imported from ``lazykern.regression``.
 
 The one implementation behind ``lazykern uci``, ``lazykern demo``, the examples and the UCI
 benchmark. The model is GPyTorch's standard exact GP,

@@ -85,7 +85,7 @@ class TrainingLog(list):
 
     @property
     def evaluations(self) -> int:
-        """Loss evaluations (L-BFGS: every evaluation, line search included)."""
+        """The number of loss evaluations; L-BFGS counts every evaluation, its line search's included."""
         return len(self)
 
 
