@@ -500,15 +500,16 @@ def _dataset_dims(name: str, data_dir: Path | None, progress: bool) -> int:
     from .data import DownloadError, locate_uci
 
     try:
-        folder = locate_uci(name, data_dir, progress=progress)
-        with gzip.open(folder / "data.csv.gz", "rt") as f:
+        path = locate_uci(name, data_dir, progress=progress) / "data.csv.gz"
+    except (DownloadError, ValueError, TypeError, OSError) as err:
+        raise _UsageError(f"--dataset {name}: {err}") from None
+    try:
+        with gzip.open(path, "rt") as f:
             columns = f.readline().count(",") + 1
-    except DownloadError as err:
-        raise _UsageError(f"--dataset {name}: {err}") from None
-    except (ValueError, TypeError, OSError) as err:
-        raise _UsageError(f"--dataset {name}: {err}") from None
+    except (ValueError, OSError, EOFError) as err:  # not gzip, cut short, not text
+        raise _UsageError(f"--dataset {name}: {path}, row 1: {err}; expected a gzip-compressed CSV file") from None
     if columns < 2:
-        raise _UsageError(f"--dataset {name}: {folder / 'data.csv.gz'} has one column; expected inputs and a target")
+        raise _UsageError(f"--dataset {name}: {path} has one column; expected inputs and a target")
     return columns - 1
 
 
