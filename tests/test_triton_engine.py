@@ -57,10 +57,11 @@ def launches(monkeypatch):
 @pytest.mark.parametrize("case", STATIONARY)
 def test_matmul_values_and_gradients_with_a_batch(case, launches):
     """K @ V of a (2,)-batch and its gradients for x1, x2, V and every hyperparameter (chained
-    back through the input transform), component scales included."""
+    back through the input transform), component scales included; more rows and points than one
+    interpreter tile (32), so partial tiles are masked."""
     hp = cases.hyperparameters()
-    x1, x2 = cases.inputs(2)
-    rhs = torch.randn(2, M, 3, dtype=DT, requires_grad=True)
+    x1, x2 = cases.inputs(2, n=40, m=35)
+    rhs = torch.randn(2, 35, 3, dtype=DT, requires_grad=True)
     tensors = [x1, x2, rhs, *cases.used(case, hp)]
     formula, a, b, params = cases.formula_args(case, x1, x2, hp)
     out = lk_triton.matmul(formula, a, b, params, rhs)
@@ -110,14 +111,36 @@ def test_interaction_matmul_dense_and_fused_gradients(case, launches):
 def test_gradcheck_and_float32():
     formula = StationaryFormula("rbf", additive=True)
     x1 = torch.randn(4, 2, dtype=DT, requires_grad=True)
-    x2 = torch.randn(3, 2, dtype=DT, requires_grad=True)
+    x2 = torch.randn(3, 2, dtype=DT)  # (the pass over rows of x2 is checked against references above)
     scales = torch.tensor([[0.7, 1.3]], dtype=DT, requires_grad=True)
     rhs = torch.randn(3, 1, dtype=DT, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, b, s, v: lk_triton.matmul(formula, a, b, {"scales": s}, v),
-                                    (x1, x2, scales, rhs))
+    assert torch.autograd.gradcheck(lambda a, s, v: lk_triton.matmul(formula, a, x2, {"scales": s}, v), (x1, scales, rhs))
     single = lk_triton.matmul(formula, x1.float(), x2.float(), {"scales": scales.float()}, rhs.float())
     assert single.dtype == torch.float32
     assert_close(single.double(), lk_triton.matmul(formula, x1, x2, {"scales": scales}, rhs), rtol=1e-5)
+
+
+@pytest.mark.parametrize("which", ["uneven", "one-sided-orders"])
+def test_other_operations_match_the_cpu_target(which):
+    """Formulas outside lazykern's kernels: an asymmetric one using log, sin, cos, constant powers,
+    abs, relu, rsqrt and concatenations, and the recurrence on one side only (computed once per
+    row): the Triton target gives the C target's products and gradients (both generated from one
+    plan; the C target is checked against references in tests/test_cpu_engine.py)."""
+    x1, x2 = cases.inputs()
+    rhs = torch.randn(M, 2, dtype=DT, requires_grad=True)
+    if which == "uneven":
+        formula = cases.uneven
+        params = {"p": torch.tensor([[0.7]], dtype=DT, requires_grad=True),
+                  "q": torch.rand(1, D - 1, dtype=DT).add(0.2).requires_grad_()}
+    else:
+        formula, params = cases.one_sided_orders, {"weights": torch.rand(1, D, dtype=DT).add(0.5).requires_grad_()}
+    tensors = [x1, x2, rhs, *params.values()]
+    out = lk_triton.matmul(formula, x1, x2, params, rhs)
+    expected = cases.cpu.matmul(formula, x1, x2, params, rhs)
+    assert_close(out, expected, rtol=1e-12)
+    weights = torch.randn_like(out)
+    for g, e in zip(grads(out, weights, tensors), grads(expected, weights, tensors)):
+        assert_close(g, e, rtol=1e-12)
 
 
 def test_declines_what_it_cannot_run():

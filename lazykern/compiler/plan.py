@@ -32,11 +32,11 @@ import torch
 from torch import Tensor
 
 from .grad import adjoints
-from .trace import Graph, Node, trace
+from .trace import Graph, Node, Unsupported, trace
 
 Formula = Callable[..., object]
 
-__all__ = ["DTYPES", "Reduction", "compact"]
+__all__ = ["DTYPES", "Reduction", "compact", "plannable", "unsupported"]
 
 #: The element types the targets compile for, by the plan's names (``Reduction.dtype``).
 DTYPES = {torch.float32: "float", torch.float64: "double"}
@@ -98,18 +98,6 @@ def compact(graph: Graph, outputs: list[int]) -> tuple[tuple[Node, ...], dict[in
     )
     return nodes, new
 
-
-
-def _reachable(nodes: tuple[Node, ...], roots: list[int]) -> list[int]:
-    """Indices of the ``nodes`` the ``roots`` depend on, in order (of a compacted pass)."""
-    seen: set[int] = set()
-    stack = list(roots)
-    while stack:
-        a = stack.pop()
-        if a not in seen:
-            seen.add(a)
-            stack.extend(nodes[a].args)
-    return sorted(seen)
 
 
 def _spec(params: Mapping[str, Tensor]) -> tuple[tuple[str, int], ...]:
@@ -194,3 +182,37 @@ def _build_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, d
         store=None,
         **base,
     )
+
+
+def plannable(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
+    """Whether the compiler plans ``formula`` on these tensors, whatever the target: all tensors of
+    one dtype of :data:`DTYPES`, at least two-dimensional, with broadcastable batch shapes, and a
+    formula that traces into operations the targets generate, with one value per pair. Nothing is
+    compiled (the devices are each target's business).
+
+    Example:
+        >>> import torch
+        >>> from lazykern.formulas import StationaryFormula
+        >>> x = torch.randn(10, 3, dtype=torch.float64)
+        >>> plannable(StationaryFormula("rbf"), x, x, {}), plannable(StationaryFormula("rbf"), x, x.float(), {})
+        (True, False)
+    """
+    tensors = [x1, x2, *params.values()]
+    if not all(isinstance(t, Tensor) and t.dtype == x1.dtype and t.dim() >= 2 for t in tensors) or x1.dtype not in DTYPES:
+        return False
+    try:
+        torch.broadcast_shapes(*(t.shape[:-2] for t in tensors))
+        _program(formula, "mm", x1.shape[-1], x2.shape[-1], _spec(params), DTYPES[x1.dtype])
+    except (Unsupported, RuntimeError):
+        return False
+    return True
+
+
+def unsupported(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> str | None:
+    """What ``formula`` does that the compiler does not generate (the :class:`Unsupported` message),
+    or ``None`` when it traces: for the error of a target that declines it."""
+    try:
+        _build_program(formula, "mm", x1.shape[-1], x2.shape[-1], _spec(params), DTYPES.get(x1.dtype, "double"), ())
+    except Unsupported as err:
+        return str(err)
+    return None

@@ -40,7 +40,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-__all__ = ["Graph", "Node", "Sym", "Unsupported", "trace"]
+__all__ = ["Graph", "Node", "Sym", "Unsupported", "reachable", "trace"]
 
 UNARY = ("neg", "exp", "expm1", "log", "sin", "cos", "sqrt", "rsqrt", "abs", "sign", "step", "relu")
 BINARY = ("add", "sub", "mul", "div")
@@ -258,14 +258,20 @@ class Graph:
     # ------------------------------------------------------------------ queries
     def reachable(self, roots: list[int]) -> list[int]:
         """Nodes the ``roots`` depend on, in topological (creation) order."""
-        seen: set[int] = set()
-        stack = list(roots)
-        while stack:
-            a = stack.pop()
-            if a not in seen:
-                seen.add(a)
-                stack.extend(self.nodes[a].args)
-        return sorted(seen)
+        return reachable(self.nodes, roots)
+
+
+def reachable(nodes: list[Node] | tuple[Node, ...], roots: list[int]) -> list[int]:
+    """Indices of the ``nodes`` (of a graph, or of a compacted pass) the ``roots`` depend on, in
+    topological (creation) order."""
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        a = stack.pop()
+        if a not in seen:
+            seen.add(a)
+            stack.extend(nodes[a].args)
+    return sorted(seen)
 
 
 class Sym:

@@ -33,8 +33,8 @@ Example:
 
 from __future__ import annotations
 
-from ..compiler.plan import Reduction, _reachable, compact
-from ..compiler.trace import BINARY, Node, Unsupported
+from ..compiler.plan import Reduction, compact
+from ..compiler.trace import BINARY, Node, Unsupported, reachable
 
 __all__ = ["Reduction", "compact", "generate", "TILES"]
 
@@ -77,7 +77,7 @@ class _Writer:
         for k, w in enumerate(red.weights):
             self.role[w[0]] = ("weight", k)
         outputs = list(red.sums) + ([red.matmul[0]] if red.matmul else []) + ([red.store] if red.store is not None else [])
-        self.needed = set(_reachable(self.nodes, outputs))
+        self.needed = set(reachable(self.nodes, outputs))
         self.row = self._classify()
         # Per-thread scratch (elements, in units of TILE lanes) of the pair recurrences that keep states.
         self.scratch: dict[int, str] = {}

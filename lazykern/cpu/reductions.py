@@ -27,8 +27,7 @@ from torch import Tensor
 
 from ..compiler import passes
 from ..compiler.passes import _batch, _flat, _named_grads, _out, _param_buffers, _rows
-from ..compiler.plan import Reduction, _build_program, _program, _spec
-from ..compiler.trace import Unsupported
+from ..compiler.plan import Reduction, _program, _spec, plannable, unsupported
 from . import build
 
 Formula = Callable[..., object]
@@ -176,19 +175,9 @@ def supports(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tens
         >>> supports(StationaryFormula("rbf"), x, x, {})
         True
     """
-    tensors = [x1, x2, *params.values()]
-    if not all(isinstance(t, Tensor) and t.device.type == "cpu" and t.dtype == x1.dtype for t in tensors):
+    if not all(isinstance(t, Tensor) and t.device.type == "cpu" for t in [x1, x2, *params.values()]):
         return False
-    if x1.dtype not in C_TYPES or x1.dim() < 2 or x2.dim() < 2 or any(p.dim() < 2 for p in params.values()):
-        return False
-    if not _platform_ok():
-        return False
-    try:
-        _batch(*tensors)
-        _program(formula, "mm", x1.shape[-1], x2.shape[-1], _spec(params), C_TYPES[x1.dtype])
-    except (Unsupported, RuntimeError):
-        return False
-    return True
+    return _platform_ok() and plannable(formula, x1, x2, params)
 
 
 @functools.lru_cache(maxsize=1)
@@ -198,10 +187,9 @@ def _platform_ok() -> bool:
 
 def _check(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> None:
     if not supports(formula, x1, x2, params):
-        try:  # name what the formula does that the engine lacks, when that is the reason
-            _build_program(formula, "mm", x1.shape[-1], x2.shape[-1], _spec(params), C_TYPES.get(x1.dtype, "double"), ())
-        except Unsupported as err:
-            raise ValueError(f"lazykern's CPU engine cannot evaluate this formula: {err}") from err
+        reason = unsupported(formula, x1, x2, params)  # what the formula does that the engine lacks
+        if reason is not None:
+            raise ValueError(f"lazykern's CPU engine cannot evaluate this formula: {reason}")
         raise ValueError(
             "lazykern's CPU engine needs CPU tensors of one dtype (float32 or float64) with broadcastable "
             f"batch shapes on Linux x86-64 with g++; got x1 {x1.dtype} on {x1.device}, x2 {x2.dtype} on "

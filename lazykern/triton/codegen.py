@@ -38,29 +38,24 @@ Example:
 
 from __future__ import annotations
 
-from ..compiler.plan import Reduction, _reachable
-from ..compiler.trace import BINARY, Node, Unsupported
+from ..compiler.plan import Reduction
+from ..compiler.trace import BINARY, Node, Unsupported, reachable
 
 __all__ = ["generate"]
 
-_TRITON_TYPES = {"float": "tl.float32", "double": "tl.float64"}
 #: The smallest normal number of each type: dense entries below it are stored as zeros (see
 #: :func:`lazykern.backend.pairwise_dense`).
 _TINY = {"float": "1.1754943508222875e-38", "double": "2.2250738585072014e-308"}
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-_FUNCS = {"exp": "tl.exp", "log": "tl.log", "sin": "tl.sin", "cos": "tl.cos", "sqrt": "tl.sqrt", "abs": "tl.abs"}
-
-# e^x - 1 accurately near 0 from exp and log alone (Kahan's trick: the rounding error of exp(x)
-# cancels in (u - 1) x / log u); Triton has no expm1 of its own on every backend.
-_EXPM1 = '''
-@triton.jit
-def _expm1(x):
-    u = tl.exp(x)
-    near = (tl.abs(x) < 1.0) & (u != 1.0)
-    un = tl.where(near, u, 2.0)  # (where the quotient is not used: no 0 / 0, no inf / inf)
-    r = tl.where(near, (un - 1.0) * x / tl.log(un), u - 1.0)
-    return tl.where(u == 1.0, x, r)
-'''
+#: Triton code of each elementwise operation (``{p}``: the constant exponent of ``pow``; ``expm1``
+#: is written out by :func:`_expm1`).
+_CODE = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "neg": "(-{0})",
+    "exp": "tl.exp({0})", "log": "tl.log({0})", "sin": "tl.sin({0})", "cos": "tl.cos({0})", "sqrt": "tl.sqrt({0})",
+    "abs": "tl.abs({0})", "rsqrt": "(1.0 / tl.sqrt({0}))",
+    "pow": "tl.exp({p} * tl.log({0}))",  # pow(a, p) = e^(p log a): nan below 0, as C's pow
+    "sign": "(({0} > 0).to(DT) - ({0} < 0).to(DT))", "step": "(1.0 - ({0} < 0).to(DT))",
+    "relu": "tl.where({0} > 0, {0}, 0.0)",
+}
 
 
 def generate(red: Reduction, name: str = "lk_reduce", autotune: bool = False) -> str:
@@ -71,6 +66,19 @@ def generate(red: Reduction, name: str = "lk_reduce", autotune: bool = False) ->
     Grid: ``(cdiv(N, BLOCK_N), batch, cdiv(C, BLOCK_C))`` for a product, else the last axis 1.
     ``autotune``: decorate with ``triton.autotune`` over a few tile shapes (keyed by the sizes)."""
     return _Writer(red, name).source(autotune)
+
+
+def _expm1(var: str, x: str) -> list[str]:
+    r"""Statements setting ``var`` to :math:`e^x - 1`, accurate near 0 from ``exp`` and ``log`` alone
+    (Kahan: the rounding error of :math:`u = e^x` cancels in :math:`(u - 1) x / \log u`); Triton has
+    no ``expm1`` on every backend. Inline, not a helper kernel: the interpreter patches the language
+    at every call of one."""
+    return [
+        f"{var}_u = tl.exp({x})",
+        f"{var}_n = (tl.abs({x}) < 1.0) & ({var}_u != 1.0)",
+        f"{var}_w = tl.where({var}_n, {var}_u, 2.0)  # (where the quotient is not used: no 0 / 0, no inf / inf)",
+        f"{var} = tl.where({var}_u == 1.0, {x}, tl.where({var}_n, ({var}_w - 1.0) * {x} / tl.log({var}_w), {var}_u - 1.0))",
+    ]
 
 
 class _Writer:
@@ -84,12 +92,11 @@ class _Writer:
             self.role[w[0]] = ("weight", k)
         self.ptr = {role: k for k, role in enumerate(red.operands())}
         outputs = list(red.sums) + ([red.matmul[0]] if red.matmul else []) + ([red.store] if red.store is not None else [])
-        self.needed = _reachable(red.nodes, outputs)
+        self.needed = reachable(red.nodes, outputs)
         self.row = self._classify()
         self.pro: list[str] = []  # once per program: the row's values
         self.body: list[str] = []  # once per tile of inner points
         self.memo: dict[tuple[int, int], str] = {}
-        self.uses_expm1 = False
 
     def _classify(self) -> dict[int, bool]:
         """True for nodes that depend on the row only (outer inputs, parameters, constants)."""
@@ -155,6 +162,8 @@ class _Writer:
             for j, expr in enumerate(self._recurrence(z, out)):
                 self.memo[(z, j)] = expr
             return self.memo[key]
+        elif op == "expm1":
+            out.extend(_expm1(var, self.ref(node.args[0], k)))
         else:
             args = [self.ref(a, k) for a in node.args]
             if op not in BINARY and self.nodes[node.args[0]].op == "const":  # a function of a literal
@@ -164,28 +173,9 @@ class _Writer:
         return var
 
     def _apply(self, node: Node, args: list[str]) -> str:
-        op = node.op
-        if op in BINARY:
-            return f"({args[0]} {_INFIX[op]} {args[1]})"
-        a = args[0]
-        if op == "neg":
-            return f"(-{a})"
-        if op in _FUNCS:
-            return f"{_FUNCS[op]}({a})"
-        if op == "expm1":
-            self.uses_expm1 = True
-            return f"_expm1({a})"
-        if op == "rsqrt":
-            return f"(1.0 / tl.sqrt({a}))"
-        if op == "pow":  # a constant exponent: pow(a, p) = e^(p log a) (nan below 0, as C's pow)
-            return f"tl.exp({node.attr!r} * tl.log({a}))"
-        if op == "sign":
-            return f"(({a} > 0).to(DT) - ({a} < 0).to(DT))"
-        if op == "step":
-            return f"(1.0 - ({a} < 0).to(DT))"
-        if op == "relu":
-            return f"tl.where({a} > 0, {a}, 0.0)"
-        raise Unsupported(f"operation {op!r}")
+        if node.op not in _CODE:
+            raise Unsupported(f"operation {node.op!r}")
+        return _CODE[node.op].format(*args, p=repr(node.attr))
 
     def _weight(self, idx: int, var: str) -> list[str]:
         """A pair weight: entry (i, j) of a dense array, or the dot product of two column arrays."""
@@ -283,8 +273,6 @@ class _Writer:
             "import triton",
             "import triton.language as tl",
         ]
-        if self.uses_expm1:
-            head.append(_EXPM1)
         if autotune:
             head += [
                 "",

@@ -9,7 +9,7 @@ the layouts of :mod:`lazykern.triton.codegen` and launches of the kernels
 dimensions broadcast. Memory: the inputs, the outputs and one tile of registers per program,
 O((N + M) D); nothing of size N x M exists except a dense block asked for.
 
-Tiles: under the interpreter, fixed 16 x 16 blocks (``tl.dot``'s smallest); on a GPU, Triton's
+Tiles: under the interpreter, fixed 32 x 32 blocks; on a GPU, Triton's
 autotuner picks ``BLOCK_N x BLOCK_M`` among a few shapes per problem size (its first call times
 each), and column blocks of :func:`_column_block`.
 """
@@ -25,16 +25,16 @@ from torch import Tensor
 
 from ..compiler import passes
 from ..compiler.passes import _batch, _named_grads, _out, _param_buffers, _rows
-from ..compiler.plan import DTYPES, Reduction, _build_program, _program, _spec
-from ..compiler.trace import Unsupported
+from ..compiler.plan import DTYPES, Reduction, _program, _spec, plannable, unsupported
 from . import build
 
 Formula = Callable[..., object]
 
 __all__ = ["available", "dense", "matmul", "supports", "symmetric_gradients"]
 
-#: Tile of the interpreter (on CPU tensors): ``tl.dot`` needs 16 at least on each axis.
-_INTERPRETED_BLOCK = 16
+#: Tile of the interpreter (on CPU tensors): its cost is per operation and program, not per pair, so
+#: one tile covers the small tests' sizes (``tl.dot`` needs 16 at least on each axis).
+_INTERPRETED_BLOCK = 32
 
 
 def available() -> bool:
@@ -80,9 +80,9 @@ def _launch(red: Reduction, buffers: dict[str, tuple[Tensor, int]], nb: int, n: 
         grid = (triton.cdiv(n, _INTERPRETED_BLOCK), nb, column_blocks)
     else:
         grid = lambda cfg: (triton.cdiv(n, cfg["BLOCK_N"]), nb, column_blocks)  # noqa: E731 - Triton's grid protocol
-    if n and m and nb:
+    if n and m and nb and column_blocks:
         kernel[grid](*[buffers[r][0] for r in roles], *[buffers[r][1] for r in roles], n, m, c, **meta)
-    elif red.matmul is not None or red.sums:  # no pairs: every sum is zero
+    else:  # no pairs (or no columns): every sum is zero
         for r in roles:
             if r.startswith("out:"):
                 buffers[r][0].zero_()
@@ -123,16 +123,8 @@ def _forward_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str
     return out[0]
 
 
-def _grad_pass(
-    formula: Formula,
-    job: str,
-    x1: Tensor,
-    x2: Tensor,
-    params: Mapping[str, Tensor],
-    want: tuple[str, ...],
-    batch: torch.Size,
-    vecs: dict[str, Tensor],
-) -> tuple[Tensor | None, Tensor | None, dict[str, Tensor]]:
+def _grad_pass(formula: Formula, job: str, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], want: tuple[str, ...],
+               batch: torch.Size, vecs: dict[str, Tensor]) -> tuple[Tensor | None, Tensor | None, dict[str, Tensor]]:
     """One backward pass (the protocol of :mod:`lazykern.compiler.passes`)."""
     nb = batch.numel()
     outer, inner = (x2, x1) if job.startswith("gradB") else (x1, x2)
@@ -158,12 +150,11 @@ def _grad_pass(
 
 # ---------------------------------------------------------------------------- public API
 def supports(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
-    """Whether the Triton engine evaluates ``formula`` on these tensors.
-
-    True when: the engine is :func:`available`; the tensors are on a CUDA device (on the CPU under
-    ``TRITON_INTERPRET=1``), all float32 or all float64, with broadcastable batch shapes; and the
-    formula traces into operations the compiler generates (``lazykern.compiler.trace``) with one
-    value per pair. Nothing is compiled.
+    """Whether the Triton engine evaluates ``formula`` on these tensors: the engine is
+    :func:`available`, the tensors are on a CUDA device (on the CPU under ``TRITON_INTERPRET=1``),
+    and the compiler plans the formula on them (:func:`lazykern.compiler.plan.plannable`: one dtype,
+    float32 or float64, broadcastable batch shapes, operations the targets generate). Nothing is
+    compiled.
 
     Example:
         >>> import torch
@@ -172,17 +163,9 @@ def supports(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tens
         >>> supports(StationaryFormula("rbf"), x, x, {}) == available()  # CPU tensors: the interpreter's
         True
     """
-    tensors = [x1, x2, *params.values()]
-    if not available() or not all(isinstance(t, Tensor) and _device_ok(t) and t.dtype == x1.dtype for t in tensors):
+    if not available() or not all(isinstance(t, Tensor) and _device_ok(t) for t in [x1, x2, *params.values()]):
         return False
-    if x1.dtype not in DTYPES or x1.dim() < 2 or x2.dim() < 2 or any(p.dim() < 2 for p in params.values()):
-        return False
-    try:
-        _batch(*tensors)
-        _program(formula, "mm", x1.shape[-1], x2.shape[-1], _spec(params), DTYPES[x1.dtype])
-    except (Unsupported, RuntimeError):
-        return False
-    return True
+    return plannable(formula, x1, x2, params)
 
 
 def _check(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> None:
@@ -193,10 +176,9 @@ def _check(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor
             "lazykern's Triton engine needs the triton package and a CUDA device (or TRITON_INTERPRET=1 "
             "set before triton is imported, to run on CPU tensors)"
         )
-    try:  # name what the formula does that the engine lacks, when that is the reason
-        _build_program(formula, "mm", x1.shape[-1], x2.shape[-1], _spec(params), DTYPES.get(x1.dtype, "double"), ())
-    except Unsupported as err:
-        raise ValueError(f"lazykern's Triton engine cannot evaluate this formula: {err}") from err
+    reason = unsupported(formula, x1, x2, params)  # what the formula does that the engine lacks
+    if reason is not None:
+        raise ValueError(f"lazykern's Triton engine cannot evaluate this formula: {reason}")
     device = "cpu (TRITON_INTERPRET=1)" if build.interpreted() else "cuda"
     raise ValueError(
         f"lazykern's Triton engine needs {device} tensors of one dtype (float32 or float64) with broadcastable "
@@ -206,21 +188,12 @@ def _check(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor
 
 
 def matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
-    r""":math:`K(x_1, x_2)\, V` without storing :math:`K`, differentiable in ``x1``, ``x2``, ``rhs``
-    and every parameter, on the Triton engine (the contract of :func:`lazykern.cpu.matmul`).
-
-    .. math::
-
-        (K V)_{ic} = \sum_j k(x^{(1)}_i, x^{(2)}_j)\, V_{jc}
+    r""":math:`(K V)_{ic} = \sum_j k(x^{(1)}_i, x^{(2)}_j)\, V_{jc}` on the Triton engine, without
+    storing :math:`K`, differentiable in ``x1``, ``x2``, ``rhs`` and every parameter.
 
     Args:
-        formula: a kernel formula (:mod:`lazykern.formulas`) with one value per pair.
-        x1: ``(..., N, D1)`` inputs (rows of the result).
-        x2: ``(..., M, D2)`` inputs.
-        params: tensor parameters, each ``(..., 1, K)``.
-        rhs: ``(..., M, C)`` (or ``(M,)``, giving ``(N,)``).
-
-    Raises ``ValueError`` when :func:`supports` is false.
+        formula, x1, x2, params, rhs: as :func:`lazykern.cpu.matmul` (the same contract, on the
+            tensors :func:`supports` accepts; a ``ValueError`` otherwise).
 
     Example:
         >>> import torch
@@ -233,14 +206,12 @@ def matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor
 
 
 def dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
-    r"""The ``(..., N, M)`` matrix :math:`K_{ij} = k(x^{(1)}_i, x^{(2)}_j)` in one pass (entries below
-    the normal range stored as zeros), differentiable in ``x1``, ``x2`` and every parameter.
+    r"""The ``(..., N, M)`` matrix :math:`K_{ij} = k(x^{(1)}_i, x^{(2)}_j)` in one pass on the Triton
+    engine (entries below the normal range stored as zeros), differentiable in ``x1``, ``x2`` and
+    every parameter (:math:`K(x, x)` of one tensor: one backward pass for both sides).
 
     Args:
-        formula: a kernel formula with one value per pair.
-        x1: ``(..., N, D1)``.
-        x2: ``(..., M, D2)``.
-        params: tensor parameters, each ``(..., 1, K)``.
+        formula, x1, x2, params: as :func:`lazykern.cpu.dense`.
 
     Example:
         >>> import torch
@@ -255,16 +226,12 @@ def dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]
 def symmetric_gradients(
     formula: Formula, x: Tensor, params: Mapping[str, Tensor], left: Tensor, right: Tensor
 ) -> tuple[Tensor | None, dict[str, Tensor | None]]:
-    r"""Gradients of :math:`S = \sum_{ij} \langle l_i, r_j\rangle\, k(x_i, x_j)` with respect to
-    ``x`` (both occurrences) and each parameter, in ONE pass over the pairs (the contract of
-    :func:`lazykern.cpu.symmetric_gradients`).
+    r"""Gradients of :math:`S = \sum_{ij} \langle l_i, r_j\rangle\, k(x_i, x_j)` for ``x`` (both
+    occurrences) and each parameter that requires grad, in ONE pass over the pairs on the Triton
+    engine.
 
     Args:
-        formula: a kernel formula with one value per pair.
-        x: ``(..., N, D)``.
-        params: tensor parameters, each ``(..., 1, K)``.
-        left: ``(..., N, C)``, the :math:`l_i`.
-        right: ``(..., N, C)``, the :math:`r_j`.
+        formula, x, params, left, right: as :func:`lazykern.cpu.symmetric_gradients`.
 
     Example:
         >>> import torch
