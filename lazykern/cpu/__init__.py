@@ -2,7 +2,7 @@ r"""lazykern's own CPU reduction engine: kernel formulas compiled to vectorized 
 
 KeOps' CPU code vectorizes along the feature axis inside each pair, which fits 8- or 16-wide
 vectors badly for :math:`d = 26`. This engine traces a formula into an expression graph
-(``lazykern.cpu.trace``), differentiates it symbolically (``lazykern.cpu.grad``),
+(``lazykern.compiler.trace``), differentiates it symbolically (``lazykern.compiler.grad``),
 generates one C loop nest per pass that vectorizes *across pairs* (``lazykern.cpu.codegen``),
 and compiles it once per structure into its own cache folder, under its own settings
 (``LAZYKERN_CPU_FLAGS``, ``LAZYKERN_CPU_CACHE``, ``CXX``: :mod:`lazykern.cpu.build`). KeOps stays
