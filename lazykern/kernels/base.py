@@ -1,9 +1,10 @@
 """The base of every lazykern kernel: one ``forward`` that returns one lazy operator.
 
 A kernel says *what* it evaluates through three small hooks (its ``formula``, the formula's
-arguments, and what its inputs are checked against); :meth:`LazyKernel.forward` does the rest, the
-same way for every kernel. :class:`WeightedTermsKernel` adds what the sums of one base kernel over
-dimensions or groups share: the constructor checks and the learned weight of each term.
+arguments, and what its inputs are checked against);
+:meth:`~lazykern.kernels.base.LazyKernel.forward` does the rest, the same way for every kernel.
+:class:`WeightedTermsKernel` adds what the sums of one base kernel over dimensions or groups share:
+the constructor checks and the learned weight of each term.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class LazyKernel(LazyKernelMixin, Kernel):
     * ``formula``: the formula :math:`f` (an attribute or a property), a function of the pairwise
       inputs and tensor parameters that every engine evaluates (:mod:`lazykern.formulas`);
     * :meth:`formula_arguments`: the transformed inputs and the tensor parameters :math:`\theta`;
-    * :meth:`_input_spec`: the number of features and the hyperparameter dtype the inputs are
+    * ``_input_spec()``: the number of features and the hyperparameter dtype the inputs are
       checked against.
 
     Example:
@@ -54,7 +55,7 @@ class LazyKernel(LazyKernelMixin, Kernel):
 
     def formula_arguments(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """The inputs as the formula reads them (``(..., N, F)`` and ``(..., M, F)``) and its tensor
-        parameters, for inputs already checked by :meth:`forward`."""
+        parameters, for inputs already checked by :meth:`~lazykern.kernels.base.LazyKernel.forward`."""
         raise NotImplementedError
 
     def _input_spec(self) -> tuple[int | None, str, torch.dtype]:
