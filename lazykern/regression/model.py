@@ -45,7 +45,7 @@ def make_kernel(name: str, num_dims: int, max_degree: int | None = None) -> Kern
 
     * ``additive-rbf`` / ``additive-matern52``: :math:`s \sum_d w_d\, k(x_d, x'_d)` with a
       one-dimensional RBF / Matérn-5/2 kernel per dimension and learned weights :math:`w_d`
-      (:class:`lazykern.kernels.AdditiveStructureKernel`, one KeOps formula);
+      (:class:`lazykern.kernels.AdditiveStructureKernel`, one formula, one reduction);
     * ``additive-ng``: interaction orders 1..R of one-dimensional RBF kernels, one variance per
       order (:class:`lazykern.kernels.NewtonGirardAdditiveKernel`, no ``ScaleKernel``);
     * ``oak``: the same over RBF kernels made orthogonal to a standard normal input measure
