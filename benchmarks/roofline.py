@@ -417,7 +417,8 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_compile_times:
         with tempfile.TemporaryDirectory(prefix="lazykern-compile-") as cache:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--compile-child", "float32"]
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, LAZYKERN_KEOPS_CACHE=cache))
+            env = dict(os.environ, LAZYKERN_KEOPS_CACHE=cache, LAZYKERN_CPU_CACHE=cache)  # both engines compile cold
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
             compiles = json.loads(line[7:]) if line else []
             if not line:
