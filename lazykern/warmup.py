@@ -31,10 +31,10 @@ class PrecompileReport(NamedTuple):
     """What one :func:`precompile` call did.
 
     Attributes:
-        folder: the cache folder holding the programs this call compiled or loaded: the common
-            parent of the CPU engine's folder (:func:`lazykern.cpu.build.cache_folder`), lazykern's
-            KeOps build folder (:func:`lazykern.keops.build_folder`) and, for a kernel on a GPU,
-            KeOps' own build folder.
+        folder: the cache folder holding the programs this call compiled or loaded: the CPU
+            engine's folder (:func:`lazykern.cpu.build.cache_folder`), lazykern's KeOps build folder
+            (:func:`lazykern.keops.build_folder`) or, for a kernel on a GPU, KeOps' own build folder;
+            the common parent of those the call used (of all of them when it used none).
         compiled: programs compiled by this call (both engines).
         cached: programs this call loaded, compiled earlier (by any process) into the cache; programs
             this process had loaded already count in neither.
@@ -85,9 +85,10 @@ def _keops_programs(folders: list[tuple[str, tuple[str, ...]]]) -> set[str]:
 
 
 @contextlib.contextmanager
-def _watch(folders: list[str], on_compile: Callable[[str], None] | None, folder: str) -> Iterator[None]:
-    """Calls ``on_compile(folder)`` once, from a helper thread, when an entry appears in one of
-    ``folders``: both engines write a program's source (and its lock) there before compiling it."""
+def _watch(folders: list[str], on_compile: Callable[[str], None] | None) -> Iterator[None]:
+    """Calls ``on_compile(folder)`` once, from a helper thread, with the first of ``folders`` in
+    which an entry appears: both engines write a program's source (and its lock) there before
+    compiling it."""
     if on_compile is None:
         yield
         return
@@ -95,14 +96,15 @@ def _watch(folders: list[str], on_compile: Callable[[str], None] | None, folder:
     stop = threading.Event()
     called = threading.Event()
 
-    def compiling() -> bool:
-        return any(_entries(f) - names for f, names in before.items())
+    def compiling() -> str | None:
+        return next((f for f, names in before.items() if _entries(f) - names), None)
 
     def poll() -> None:
         while not stop.wait(_WATCH_INTERVAL_S):
-            if compiling():
+            found = compiling()
+            if found is not None:
                 called.set()
-                on_compile(folder)
+                on_compile(found)
                 return
 
     watcher = threading.Thread(target=poll, name="lazykern-precompile-watch", daemon=True)
@@ -112,8 +114,9 @@ def _watch(folders: list[str], on_compile: Callable[[str], None] | None, folder:
     finally:
         stop.set()
         watcher.join()
-    if not called.is_set() and compiling():  # a compile too quick for the watcher: still said, once
-        on_compile(folder)
+    found = None if called.is_set() else compiling()
+    if found is not None:  # a compile too quick for the watcher: still said, once
+        on_compile(found)
 
 
 def precompile(
@@ -154,8 +157,8 @@ def precompile(
         points: the number of training points the kernel will see. Default: as many as it takes for
             KeOps to run formulas the CPU engine does not (:class:`lazykern.settings.keops_min_size`);
             below that threshold those formulas run on the torch engine and nothing is compiled for them.
-        on_compile: called once with the report's ``folder``, from a helper thread, as soon as the
-            first compile of this call starts (e.g. to tell a user why they wait); not called when
+        on_compile: called once with the folder being compiled into, from a helper thread, as soon
+            as the first compile of this call starts (e.g. to tell a user why they wait); not called when
             everything is cached.
 
     Returns:
@@ -189,11 +192,11 @@ def precompile(
     kernel = copy.deepcopy(kernel).to(dtype)
     device = next((p.device for p in kernel.parameters()), torch.device("cpu"))
     keops_folders = _keops_folders(device)
-    watched = [build.cache_folder()] + [folder for folder, _ in keops_folders]
-    folder = os.path.commonpath(watched)
+    cpu_folder = build.cache_folder()
+    watched = [cpu_folder] + [folder for folder, _ in keops_folders]
     keops_before = _keops_programs(keops_folders)
     compiles_before = len(build.compile_log)
-    loaded_before = build.loaded_programs() + keops.loaded_reductions()
+    cpu_loaded_before, keops_loaded_before = build.loaded_programs(), keops.loaded_reductions()
 
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(*kernel.batch_shape, _WARMUP_POINTS, dims, generator=generator, dtype=dtype).to(device)
@@ -201,7 +204,7 @@ def precompile(
     # A few points stand for many: the size threshold of KeOps is lifted unless the real problem is below it.
     lift = points is None or points >= settings.keops_min_size.value()
     sizes = settings.keops_min_size(0) if lift else contextlib.nullcontext()
-    with _watch(watched, on_compile, folder), sizes, settings.max_dense_bytes(0), \
+    with _watch(watched, on_compile), sizes, settings.max_dense_bytes(0), \
             torch.set_grad_enabled(gradients and bool(params)):
         for c in sorted(set(columns)):
             rhs = torch.randn(*x.shape[:-1], c, generator=generator, dtype=dtype).to(device)
@@ -214,6 +217,12 @@ def precompile(
         # CG's products on the dense cache (the CPU engine's few-column loop, where it applies).
         backend.dense_matmul(dense.detach(), torch.ones(*dense.shape[:-1], 2, dtype=dtype, device=device))
 
-    compiled = len(build.compile_log) - compiles_before + len(_keops_programs(keops_folders) - keops_before)
-    loaded = build.loaded_programs() + keops.loaded_reductions() - loaded_before
-    return PrecompileReport(folder, compiled, max(loaded - compiled, 0), time.perf_counter() - start)
+    keops_compiled = len(_keops_programs(keops_folders) - keops_before)
+    compiled = len(build.compile_log) - compiles_before + keops_compiled
+    cpu_loaded = build.loaded_programs() - cpu_loaded_before
+    keops_loaded = keops.loaded_reductions() - keops_loaded_before
+    used = [cpu_folder] if cpu_loaded else []
+    if keops_loaded or keops_compiled:
+        used += [f for f, _ in keops_folders]
+    folder = os.path.commonpath(used or watched)
+    return PrecompileReport(folder, compiled, max(cpu_loaded + keops_loaded - compiled, 0), time.perf_counter() - start)
