@@ -97,23 +97,6 @@ def check_positive_int(name: str, value: object) -> int:
     return value
 
 
-def check_non_negative_int(name: str, value: object, *, optional: bool = False) -> int | None:
-    """``value`` must be an int >= 0 (``bool`` excluded), or ``None`` where ``optional``.
-
-    Example:
-        >>> check_non_negative_int("max_cholesky_size", None, optional=True) is None
-        True
-        >>> check_non_negative_int("keops_min_size", -1)
-        Traceback (most recent call last):
-        ValueError: keops_min_size must be a non-negative int, got -1
-    """
-    if optional and value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int{' or None' if optional else ''}, got {value!r}")
-    return value
-
-
 def check_positive_ints(name: str, values: object) -> tuple[int, ...]:
     """``values`` must be a non-empty sequence of ints >= 1 (``bool`` excluded). Returns them as a tuple.
 
