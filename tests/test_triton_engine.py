@@ -12,6 +12,8 @@ is imported (collected); in a process that imported triton earlier without it, t
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (see the module docstring)
 
@@ -266,3 +268,35 @@ def test_backend_dispatches_forced_triton(launches):
         assert_close(backend.pairwise_matmul(f, x, x, s, torch.ones(N, dtype=DT)),
                      reference.kernel("rbf", x, x, torch.ones(1, D, dtype=DT), additive=True).sum(-1))
     assert len(launches) == 1 and build.interpreted()
+
+
+@pytest.mark.slow
+def test_generated_kernels_compile_for_a_gpu():
+    """The interpreter runs what Triton's compiler may reject: the passes of a product, its backward
+    pass over rows of x2, a one-tensor dense backward and the fused gradient of Newton-Girard
+    (esym and its vector-Jacobian product) are compiled for sm_90 (H200) down to a cubin with the
+    ptxas Triton ships, no GPU needed: in a subprocess, since this one interprets."""
+    script = """
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from lazykern.compiler.plan import _program
+from lazykern.triton import build
+from lazykern.triton.codegen import generate
+from lazykern.triton.reductions import BLOCK
+from lazykern.formulas import InteractionFormula, StationaryFormula
+rbf, ng = StationaryFormula("rbf", additive=True), InteractionFormula(StationaryFormula("rbf"), 3)
+s, sv = (("scales", 3),), (("scales", 3), ("order_variances", 3))
+for f, job, ps, want in [(rbf, "mm", s, ()), (rbf, "gradB", s, ("x", "scales", "rhs")),
+                         (rbf, "sym-pair", s, ("x", "scales")), (ng, "sym", sv, ("x", "scales", "order_variances"))]:
+    red = _program(f, job, 3, 3, ps, "double", want)
+    n = len(red.operands())
+    sig = {**{f"B{i}": "*fp64" for i in range(n)}, **{f"S{i}": "i32" for i in range(n)}, "N": "i32", "M": "i32",
+           "C": "i32", "BLOCK_N": "constexpr", "BLOCK_M": "constexpr", "BLOCK_C": "constexpr", "DT": "constexpr"}
+    src = ASTSource(build.load(red), sig, {"BLOCK_N": BLOCK, "BLOCK_M": BLOCK, "BLOCK_C": 16, "DT": tl.float64})
+    assert triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False}).asm["cubin"]
+print("compiled")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]

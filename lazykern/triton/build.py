@@ -23,7 +23,7 @@ from .codegen import generate
 
 __all__ = ["folder", "interpreted", "load"]
 
-_loaded: dict[tuple[Reduction, bool], object] = {}
+_loaded: dict[Reduction, object] = {}
 _lock = threading.Lock()
 
 
@@ -44,15 +44,13 @@ def folder() -> str:
 
 
 def load(red: Reduction) -> object:
-    """The ``@triton.jit`` kernel of ``red`` (autotuned over tile shapes unless interpreted),
-    generated and imported on first use."""
-    key = (red, not interpreted())
-    kernel = _loaded.get(key)
+    """The ``@triton.jit`` kernel of ``red``, generated and imported on first use."""
+    kernel = _loaded.get(red)
     if kernel is None:
         with _lock:
-            kernel = _loaded.get(key)
+            kernel = _loaded.get(red)
             if kernel is None:
-                kernel = _loaded[key] = _import(generate(red, autotune=key[1]))
+                kernel = _loaded[red] = _import(generate(red))
     return kernel
 
 

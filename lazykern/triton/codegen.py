@@ -58,14 +58,13 @@ _CODE = {
 }
 
 
-def generate(red: Reduction, name: str = "lk_reduce", autotune: bool = False) -> str:
+def generate(red: Reduction, name: str = "lk_reduce") -> str:
     """The Python source of a module defining ``@triton.jit`` kernel ``name`` for ``red``, with
     arguments: the buffers in :meth:`~lazykern.compiler.plan.Reduction.operands` order, their batch
     strides (same order), ``N`` (outer rows), ``M`` (inner points), ``C`` (columns of the column
     arrays), then the constexprs ``BLOCK_N``, ``BLOCK_M``, ``BLOCK_C`` and ``DT`` (the element type).
-    Grid: ``(cdiv(N, BLOCK_N), batch, cdiv(C, BLOCK_C))`` for a product, else the last axis 1.
-    ``autotune``: decorate with ``triton.autotune`` over a few tile shapes (keyed by the sizes)."""
-    return _Writer(red, name).source(autotune)
+    Grid: ``(cdiv(N, BLOCK_N), batch, cdiv(C, BLOCK_C))`` for a product, else the last axis 1."""
+    return _Writer(red, name).source()
 
 
 def _expm1(var: str, x: str) -> list[str]:
@@ -235,7 +234,7 @@ class _Writer:
         return grads
 
     # ------------------------------------------------------------------ the kernel
-    def source(self, autotune: bool) -> str:
+    def source(self) -> str:
         red = self.red
         tail: list[str] = []  # after the loop over tiles
         lanes = 0
@@ -273,15 +272,6 @@ class _Writer:
             "import triton",
             "import triton.language as tl",
         ]
-        if autotune:
-            head += [
-                "",
-                "@triton.autotune(",
-                "    configs=[triton.Config({'BLOCK_N': bn, 'BLOCK_M': bm}, num_warps=w)",
-                "             for bn, bm, w in ((32, 32, 4), (64, 32, 4), (64, 64, 4), (128, 32, 8), (128, 64, 8))],",
-                "    key=['N', 'M', 'C'],",
-                ")",
-            ]
         lines = head + [
             "@triton.jit",
             f"def {self.name}({', '.join(args)}, N, M, C,",

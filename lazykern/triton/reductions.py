@@ -9,9 +9,8 @@ the layouts of :mod:`lazykern.triton.codegen` and launches of the kernels
 dimensions broadcast. Memory: the inputs, the outputs and one tile of registers per program,
 O((N + M) D); nothing of size N x M exists except a dense block asked for.
 
-Tiles: under the interpreter, fixed 32 x 32 blocks; on a GPU, Triton's
-autotuner picks ``BLOCK_N x BLOCK_M`` among a few shapes per problem size (its first call times
-each), and column blocks of :func:`_column_block`.
+Tiles: :data:`BLOCK` x :data:`BLOCK` pairs per program and step, and column blocks of
+:func:`_column_block`.
 """
 
 from __future__ import annotations
@@ -32,9 +31,13 @@ Formula = Callable[..., object]
 
 __all__ = ["available", "dense", "matmul", "supports", "symmetric_gradients"]
 
-#: Tile of the interpreter (on CPU tensors): its cost is per operation and program, not per pair, so
-#: one tile covers the small tests' sizes (``tl.dot`` needs 16 at least on each axis).
-_INTERPRETED_BLOCK = 32
+#: Rows and points of one tile. Measured where it is chosen: compiling for sm_90 (H200) on a 2-core
+#: CPU, the d = 26 additive RBF's passes took 7-21 s at 32 x 32 and 29-138 s at 64 x 64 (ptxas unrolls
+#: every op over a thread's share of the tile; float64's exp is a library routine inlined each time),
+#: so Triton's autotuner, which compiles every candidate, is not used. Not yet timed on a GPU. Under
+#: the interpreter one tile covers the tests' sizes (its cost is per operation and program).
+#: ``tl.dot`` needs 16 at least on each axis.
+BLOCK = 32
 
 
 def available() -> bool:
@@ -74,12 +77,12 @@ def _launch(red: Reduction, buffers: dict[str, tuple[Tensor, int]], nb: int, n: 
     roles = red.operands()
     bc = _column_block(c)
     column_blocks = triton.cdiv(c, bc) if red.matmul is not None else 1
-    meta = dict(BLOCK_C=bc, DT=tl.float32 if red.dtype == "float" else tl.float64)
-    if build.interpreted():
-        meta.update(BLOCK_N=_INTERPRETED_BLOCK, BLOCK_M=_INTERPRETED_BLOCK)
-        grid = (triton.cdiv(n, _INTERPRETED_BLOCK), nb, column_blocks)
-    else:
-        grid = lambda cfg: (triton.cdiv(n, cfg["BLOCK_N"]), nb, column_blocks)  # noqa: E731 - Triton's grid protocol
+    meta = dict(BLOCK_N=BLOCK, BLOCK_M=BLOCK, BLOCK_C=bc, DT=tl.float32 if red.dtype == "float" else tl.float64)
+    if not build.interpreted():
+        # No fused multiply-adds, as the C target (-ffp-contract=off): where a formula cancels (OAK's
+        # terms at a collapsed lengthscale) fused roundings differ enough to overflow an expm1.
+        meta.update(num_warps=4, enable_fp_fusion=False)
+    grid = (triton.cdiv(n, BLOCK), nb, column_blocks)
     if n and m and nb and column_blocks:
         kernel[grid](*[buffers[r][0] for r in roles], *[buffers[r][1] for r in roles], n, m, c, **meta)
     else:  # no pairs (or no columns): every sum is zero
