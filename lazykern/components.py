@@ -1,24 +1,50 @@
-r"""What an additive GP learned: its first-order components and its variance by order and input.
+r"""What an additive GP learned: its first-order components, its variance by order, each input's effect.
 
 For a trained exact GP whose covariance is additive over dimensions (possibly with interactions),
 :func:`component_analysis` returns tensors:
 
-* the posterior mean (and, where a Cholesky factor is affordable, the variance) of every
-  first-order component :math:`f_d` along its own axis;
-* the share of variance of each interaction order, and of each input dimension.
+* the posterior mean and, where a Cholesky factor is affordable, the variance of every first-order
+  component :math:`f_d` along its own axis, **centred** on its average over the training inputs
+  (the averages, with the GP's constant mean, form the additive offset, returned separately: a
+  component's level is not identifiable from the data, only its shape is);
+* the **order shares**, **first-order shares** and **total effects** defined below.
 
-With :math:`\alpha = (K + \sigma^2 I)^{-1} (y - \mu)` (GPyTorch's cached mean solve) and the
+**Vocabulary** (the command ``lazykern``, the plots, the examples and the docs use these terms with
+these meanings). Write :math:`m(x)` for the posterior mean and :math:`\operatorname{Var} m` for its
+variance over the inputs:
+
+* *order share* of order r: the share of :math:`\operatorname{Var} m` in the terms of exactly r inputs;
+* *first-order share* of input i (``dimension_shares``): the share in input i's first-order
+  component :math:`f_i(x_i)` alone;
+* *total effect* of input i (``total_effects``): the share in every term that involves input i, of
+  every order: the total Sobol index
+
+  .. math::
+
+      T_i = \frac{\mathbb E_{x_{\sim i}}\big[\operatorname{Var}_{x_i} \big(m(x) \mid x_{\sim i}\big)\big]}
+                 {\operatorname{Var} m}.
+
+  Total effects rank the inputs. They sum to at least 1 (an interaction counts once for each of
+  its inputs); an input whose effect is all in interactions has a first-order share of 0 and a
+  large total effect.
+
+**Components.** With :math:`\alpha = (K + \sigma^2 I)^{-1} (y - \mu)` (GPyTorch's cached mean solve) and the
 first-order term of the kernel :math:`c_d\, z_d(x_d, x'_d)` (:math:`c_d = \sigma_1^2 s_d / D` for
 :class:`~lazykern.kernels.NewtonGirardAdditiveKernel` and
 :class:`~lazykern.kernels.OrthogonalAdditiveKernel`, times a ``ScaleKernel``'s outputscale if any;
-:math:`c_d = s\, w_d` for a scaled :class:`~lazykern.kernels.AdditiveStructureKernel`):
+:math:`c_d = s\, w_d` for a scaled :class:`~lazykern.kernels.AdditiveStructureKernel`), the
+centred component :math:`g_d(t) = f_d(t) - \frac1N \sum_i f_d(x_{id})` is Gaussian under the posterior with
 
 .. math::
 
-    \mathbb E[f_d(t)] = c_d\, z_d(t, X_d)\, \alpha, \qquad
-    \operatorname{Var}[f_d(t)] = c_d\, z_d(t, t) - c_d^2\, z_d(t, X_d) (K + \sigma^2 I)^{-1} z_d(X_d, t).
+    \mathbb E[g_d(t)] = c_d\, \bar z_d(t, X_d)\, \alpha, \qquad
+    \operatorname{Var}[g_d(t)] = c_d\, \bar z_d(t, t) - c_d^2\, \bar z_d(t, X_d) (K + \sigma^2 I)^{-1} \bar z_d(X_d, t),
 
-**Shares for OAK: Sobol indices, exact.** Components of different subsets of dimensions are
+with :math:`\bar z_d(a, b) = z_d(a, b) - \frac1N \sum_i z_d(a, x_{id}) - \frac1N \sum_i z_d(x_{id}, b)
++ \frac1{N^2} \sum_{ij} z_d(x_{id}, x_{jd})` (the kernel of the centred component; its row means
+are one lazy reduction). The offset of component d is :math:`\frac1N \sum_{ij} c_d z_d(x_{id}, x_{jd}) \alpha_j`.
+
+**Order shares and total effects for OAK: Sobol indices, exact.** Components of different subsets of dimensions are
 orthogonal under the input measure :math:`p`, so the variance of the posterior mean splits into
 :math:`\sum_S \lVert m_S \rVert^2`. Order r contributes
 :math:`\lVert m_r \rVert^2 = \frac{\sigma_r^4}{\binom Dr}\, \alpha^\top \tilde E_r(s^2 \odot C)\, \alpha`,
@@ -30,15 +56,41 @@ gradient give every order (:math:`\lambda_r\, \partial Q / \partial \lambda_r`) 
 dimension's total effect (:math:`\mu_d\, \partial Q / \partial \mu_d` at :math:`\mu = 1`: the sum of
 :math:`\lVert m_S \rVert^2` over the subsets S that contain d). Nothing N x N is stored.
 
-**Shares for other kernels: empirical.** Without orthogonality the orders overlap (a product of
-RBF terms also contains lower-order effects); the share of order r is then the variance, over the
-training inputs, of the order's posterior-mean component
+**Order shares for other kernels: empirical.** Without orthogonality the orders overlap (a product of
+RBF terms also contains lower-order effects); the order share of order r is then the variance, over the
+training inputs, of the order's posterior-mean term
 :math:`m_r(x_i) = \sigma_r^2 \sum_j \tilde e_r(x_i, x_j)\, \alpha_j`, over the sum of these variances
-(one batched lazy reduction, R times the cost of a matvec); the share of dimension d is that of
-:math:`f_d(x_{id})` on the same scale. Above :data:`SHARE_POINTS` training inputs the variances
+(one batched lazy reduction, R times the cost of a matvec): not a Sobol index. The first-order share of
+dimension d is that of :math:`f_d(x_{id})` on the same scale. Above :data:`SHARE_POINTS` training inputs the variances
 are taken over that many evenly spaced ones (each :math:`m_r(x_i)` still sums over all
 :math:`j`): with all 26 orders of pol at N = 2000 the reduction cost 26 full kernel passes, more
 than a tenth of the training time of ``lazykern uci``.
+
+**Total effects for Newton–Girard: Monte Carlo (pick-freeze).** The terms of the kernel that contain
+input i (:math:`s_i\, \partial k / \partial s_i`, the elementary symmetric polynomials being linear in
+each :math:`s_i z_i`) are not orthogonal to the others, so the variance of their posterior mean
+is not the part of :math:`\operatorname{Var} m` that input i explains. :math:`T_i` is estimated from
+its definition instead, by Jansen's estimator on the posterior mean: with
+:math:`a_1..a_S, b_1..b_S` drawn independently from :math:`P = \prod_d \hat P_d`, the product of the
+training inputs' marginal distributions (:data:`EFFECT_POINTS` of each), and :math:`a_s^{(i)}` the point
+:math:`a_s` with coordinate i taken from :math:`b_s`,
+
+.. math::
+
+    \hat T_i = \frac{1}{2 S\, \hat V} \sum_{s=1}^S \big(m(a_s) - m(a_s^{(i)})\big)^2,
+
+:math:`\hat V` the variance of :math:`m` over the :math:`a_s` and :math:`b_s`; ``total_effects_se``
+holds each estimate's standard error. The draws come from a private generator (the same for every
+call; the user's random stream is not touched), and cost :math:`S (D + 2)` rows of one kernel
+matvec. Assumptions: the inputs are treated as independent (P is a product measure), and where
+they are not, the hybrid points :math:`a_s^{(i)}` can leave the region of the data, where
+:math:`m` is the prior's extrapolation; the estimate is of the posterior *mean*'s sensitivity, not of the
+uncertainty about it. For a first-order model (:class:`~lazykern.kernels.AdditiveStructureKernel`,
+or ``max_degree=1``) total effect and first-order share coincide, and are computed exactly under
+the same P: :math:`T_i = \operatorname{Var}_P f_i / \sum_d \operatorname{Var}_P f_d`.
+
+:func:`report_lines` prints these numbers with their definitions (the command and the examples call
+it); :func:`plot_components` draws them.
 
 Example:
     >>> import torch, lazykern
@@ -50,6 +102,10 @@ Example:
     >>> result = lazykern.components.component_analysis(model)
     >>> result.mean.shape, result.order_shares.shape   # 100 grid points x 3 dims; orders 1..3
     (torch.Size([100, 3]), torch.Size([3]))
+    >>> sorted(result.ranking()[:2])   # by total effect: x1 and x2 (their product: 2/3 of the variance)
+    [1, 2]
+    >>> float(result.dimension_shares[1]) < 0.05 < 0.5 < float(result.total_effects[1])   # all in order 2
+    True
 """
 
 from __future__ import annotations
@@ -57,7 +113,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import gpytorch
 import torch
@@ -71,7 +127,28 @@ from .kernels import AdditiveStructureKernel, NewtonGirardAdditiveKernel, Orthog
 from .kernels.stationary import formula_for, formula_inputs
 from .validation import check_positive_int
 
-__all__ = ["SHARE_POINTS", "ComponentAnalysis", "component_analysis", "plot_components"]
+__all__ = ["SHARE_POINTS", "EFFECT_POINTS", "ComponentAnalysis", "component_analysis", "summary", "report_lines",
+           "plot_components"]
+
+#: Most training inputs the empirical shares average over (see the module docstring).
+SHARE_POINTS = 500
+
+#: Pick-freeze draws of the Monte-Carlo total effects (``component_analysis(effect_points=)``).
+EFFECT_POINTS = 1000
+
+#: What each ``kind`` of order shares is, and how each ``total_kind`` of total effects was computed:
+#: the one place these definitions are written for the report and the plots.
+ORDER_SHARE_MEANING = {
+    "sobol": "Sobol indices of the posterior mean under the input measure: the share of its variance in "
+             "interactions of exactly r inputs",
+    "empirical": "variance over the training inputs of each order's posterior-mean term, over their sum; "
+                 "the orders' terms overlap, so these are not Sobol indices",
+}
+TOTAL_EFFECT_MEANING = {
+    "sobol": "closed form under the input measure",
+    "pick-freeze": "Monte Carlo (pick-freeze) under independent training marginals",
+    "first-order": "exact: a first-order model, total effect = first-order share",
+}
 
 
 @dataclass
@@ -81,26 +158,47 @@ class ComponentAnalysis:
     Attributes:
         grid: ``(T, D)``: evaluation points along each input axis (column d for component d),
             from the smallest to the largest training value.
-        mean: ``(T, D)``: posterior mean of each first-order component on its grid.
-        variance: ``(T, D)`` posterior variance, or ``None`` where it was not computed.
-        order_shares: ``(R,)``: share of variance of interaction orders 1..R (sums to 1).
-        dimension_shares: ``(D,)``: share of variance of each first-order component (on the scale
-            of ``order_shares``: for OAK they sum to ``order_shares[0]``).
-        total_effects: ``(D,)``: OAK only (else ``None``): total Sobol index of each dimension,
-            the share of variance of all components that involve it.
-        kind: ``"sobol"`` (OAK: exact under the input measure) or ``"empirical"`` (variances of
-            posterior-mean components over the training inputs).
+        mean: ``(T, D)``: posterior mean of each first-order component on its grid, centred on its
+            average over the training inputs.
+        variance: ``(T, D)`` posterior variance of each centred component, or ``None`` where it was
+            not computed.
+        offsets: ``(D,)``: each first-order component's average over the training inputs (what
+            centring removed).
+        constant: the GP's constant mean (0 without a ``ConstantMean``); ``constant + offsets.sum()``
+            is the additive offset of the plotted components.
+        order_shares: ``(R,)``: order share of interaction orders 1..R (sums to 1).
+        dimension_shares: ``(D,)``: first-order share of each input (on the scale of
+            ``order_shares``: for OAK they sum to ``order_shares[0]``).
+        total_effects: ``(D,)``: total effect (total Sobol index) of each input, all orders.
+        total_effects_se: ``(D,)`` Monte-Carlo standard errors of ``total_effects``, ``None`` where
+            they are exact.
+        kind: how ``order_shares`` were computed: ``"sobol"`` (OAK: exact under the input measure)
+            or ``"empirical"`` (variances of posterior-mean terms over the training inputs).
+        total_kind: how ``total_effects`` were computed: ``"sobol"``, ``"pick-freeze"`` or
+            ``"first-order"`` (see the module docstring).
         train_x: ``(N, D)`` training inputs (for rugs in plots).
     """
 
     grid: Tensor
     mean: Tensor
     variance: Tensor | None
+    offsets: Tensor
+    constant: float
     order_shares: Tensor
     dimension_shares: Tensor
-    total_effects: Tensor | None
+    total_effects: Tensor
+    total_effects_se: Tensor | None
     kind: str
+    total_kind: str
     train_x: Tensor
+
+    def ranking(self) -> list[int]:
+        """Input indices by decreasing total effect (ties by first-order share)."""
+        return _ranking(self.total_effects.tolist(), self.dimension_shares.tolist())
+
+
+def _ranking(totals: Sequence[float], firsts: Sequence[float]) -> list[int]:
+    return sorted(range(len(totals)), key=lambda k: (-totals[k], -firsts[k]))
 
 
 def _unwrap(covar: Kernel) -> tuple[Kernel, Tensor | float]:
@@ -109,16 +207,19 @@ def _unwrap(covar: Kernel) -> tuple[Kernel, Tensor | float]:
     return covar, 1.0
 
 
-def _first_order(kernel: Kernel, outer: Tensor | float, x: Tensor):
-    """Per-dimension 1-D problems of the first-order terms: the formula, ``(D, N, F)`` inputs, params."""
+def _first_order(kernel: Kernel, outer: Tensor | float, t: Tensor, x: Tensor):
+    """Per-dimension 1-D problems of the first-order terms between points ``t`` and training inputs
+    ``x``: the formula, ``(D, T, F)`` and ``(D, N, F)`` inputs, params. Both sides are transformed
+    together: the stationary kernels' inputs are centred on a shift taken from both, so a grid
+    transformed on its own would be shifted against the training inputs."""
     d = kernel.num_dims
     if isinstance(kernel, OrthogonalAdditiveKernel):
-        x_ = kernel.formula_arguments(x, x)[0]  # (N, 5D): [u, g(u), a(u), log a(u), m]
-        per_dim = x_.reshape(x.shape[0], 5, d).permute(2, 0, 1)  # (D, N, 5)
+        sides = kernel._inputs(t, x)[:2]  # (*, 5D): [u, g(u), a(u), log a(u), m]
+        sides = [side.reshape(side.shape[0], 5, d).permute(2, 0, 1) for side in sides]  # (D, *, 5)
         formula, params = InteractionFormula(StationaryFormula("rbf"), 1, kind="orthogonal"), {}
     else:
-        x_, _, params = formula_inputs(kernel.base_kernel, x, x)
-        per_dim = x_.transpose(0, 1).unsqueeze(-1)  # (D, N, 1)
+        t_, x_, params = formula_inputs(kernel.base_kernel, t, x)
+        sides = [side.transpose(0, 1).unsqueeze(-1) for side in (t_, x_)]  # (D, *, 1)
         formula = InteractionFormula(formula_for(kernel.base_kernel, additive=False), 1)
         # (*, 1, D) per-dimension parameters become a batch of D; shared ones broadcast.
         params = {n: p.reshape(-1, 1, 1) if p.shape[-1] == d else p.reshape(1, 1, -1) for n, p in params.items()}
@@ -128,11 +229,7 @@ def _first_order(kernel: Kernel, outer: Tensor | float, x: Tensor):
         weight = kernel.component_scales.reshape(-1)
     weight = (outer * weight).reshape(d, 1, 1)
     params = {**params, "order_variances": weight, "scales": torch.ones_like(weight)}
-    return formula, per_dim, params
-
-
-#: Most training inputs the empirical shares average over (see the module docstring).
-SHARE_POINTS = 500
+    return formula, *sides, params
 
 
 def _mean_solve(model: gpytorch.models.ExactGP) -> Tensor:
@@ -144,9 +241,14 @@ def _mean_solve(model: gpytorch.models.ExactGP) -> Tensor:
 
 
 def component_analysis(
-    model: gpytorch.models.ExactGP, *, grid_size: int = 100, variance_max_n: int = 5000
+    model: gpytorch.models.ExactGP,
+    *,
+    grid_size: int = 100,
+    variance_max_n: int = 5000,
+    effect_points: int = EFFECT_POINTS,
 ) -> ComponentAnalysis:
-    """Components and variance shares of a trained additive exact GP (see the module docstring).
+    r"""Components, order shares, first-order shares and total effects of a trained additive exact
+    GP (see the module docstring for each definition).
 
     Args:
         model: an exact GP (one input tensor, no batch) whose ``covar_module`` is a
@@ -156,6 +258,9 @@ def component_analysis(
         grid_size: points T along each axis.
         variance_max_n: compute component variances (one dense Cholesky factor, O(N²) memory) up
             to this many training points; above it ``variance`` is ``None``.
+        effect_points: pick-freeze draws S of the Monte-Carlo total effects (Newton–Girard);
+            their standard errors shrink as :math:`1/\sqrt S`, their cost is :math:`S (D + 2)` rows
+            of one kernel matvec.
 
     Returns:
         A :class:`ComponentAnalysis`; the model is left in eval mode.
@@ -164,6 +269,7 @@ def component_analysis(
         See the module docstring.
     """
     check_positive_int("grid_size", grid_size)
+    check_positive_int("effect_points", effect_points)
     kernel, outer = _unwrap(model.covar_module)
     if not isinstance(kernel, AdditiveStructureKernel) or kernel.batch_shape:
         raise TypeError("component_analysis needs a covar_module that is a (ScaleKernel of a) non-batch "
@@ -177,30 +283,40 @@ def component_analysis(
         lo, hi = x.min(0).values, x.max(0).values
         steps = torch.linspace(0, 1, grid_size, dtype=x.dtype, device=x.device).unsqueeze(-1)
         grid = lo + steps * (hi - lo)  # (T, D)
-        formula, x_dims, params = _first_order(kernel, outer, x)
         # Every transform is per coordinate, so the rows of the grid serve as points: column d of
         # the grid becomes dimension d's one-dimensional inputs.
-        t_dims = _first_order(kernel, outer, grid)[1]
-        mean = backend.pairwise_matmul(formula, t_dims, x_dims, params, alpha.unsqueeze(-1)).squeeze(-1).T
-        variance = _variance(model, formula, t_dims, x_dims, params) if x.shape[0] <= variance_max_n else None
-        orders, dims, totals, kind = _shares(model, kernel, outer, formula, x, x_dims, params, alpha)
-    return ComponentAnalysis(grid=grid, mean=mean, variance=variance, order_shares=orders, dimension_shares=dims,
-                             total_effects=totals, kind=kind, train_x=x.detach())
+        formula, t_dims, x_dims, params = _first_order(kernel, outer, grid, x)
+        cross = backend.pairwise_matmul(formula, t_dims, x_dims, params, alpha.unsqueeze(-1)).squeeze(-1)  # (D, T)
+        # Row means of c_d z_d over the training inputs: the centring of every component.
+        means = backend.pairwise_matmul(formula, x_dims, x_dims, params,
+                                        torch.full_like(x[:, :1], 1.0 / x.shape[0])).squeeze(-1)  # (D, N)
+        offsets = means @ alpha
+        variance = (_variance(model, formula, t_dims, x_dims, params, means)
+                    if x.shape[0] <= variance_max_n else None)
+        orders, dims, totals, kind = _shares(kernel, outer, formula, x, x_dims, params, alpha)
+        totals, errors, total_kind = _total_effects(model, kernel, x, alpha, totals, effect_points)
+    constant = getattr(model.mean_module, "constant", None)
+    return ComponentAnalysis(grid=grid, mean=(cross - offsets.unsqueeze(-1)).T, variance=variance,
+                             offsets=offsets, constant=0.0 if constant is None else float(constant.detach()),
+                             order_shares=orders, dimension_shares=dims, total_effects=totals,
+                             total_effects_se=errors, kind=kind, total_kind=total_kind, train_x=x.detach())
 
 
-def _variance(model, formula, t_dims: Tensor, x_dims: Tensor, params: dict[str, Tensor]) -> Tensor:
+def _variance(model, formula, t_dims: Tensor, x_dims: Tensor, params: dict[str, Tensor], means: Tensor) -> Tensor:
+    """Posterior variance of the centred components (module docstring): ``means`` (D, N) holds
+    :math:`\\frac1N \\sum_i c_d z_d(x_{id}, x_{jd})`."""
     x = model.train_inputs[0]
     noise = model.likelihood.noise.reshape(-1)[0]
     K = model.covar_module(x).to_dense()
     L = torch.linalg.cholesky(K + noise * torch.eye(x.shape[0], dtype=x.dtype, device=x.device))
     cross = backend.pairwise_dense(formula, t_dims, x_dims, params)  # (D, T, N) = c_d z_d(t, X_d)
-    prior = backend.elementwise(formula, t_dims, t_dims, params)  # (D, T)
-    v = torch.linalg.solve_triangular(L, cross.transpose(-1, -2), upper=False)  # (D, N, T)
+    prior = (backend.elementwise(formula, t_dims, t_dims, params)  # (D, T): c_d z̄_d(t, t)
+             - 2 * cross.mean(-1) + means.mean(-1, keepdim=True))
+    v = torch.linalg.solve_triangular(L, (cross - means.unsqueeze(-2)).transpose(-1, -2), upper=False)  # (D, N, T)
     return (prior - (v * v).sum(-2)).clamp_min(0).T
 
 
-def _shares(model, kernel, outer, formula, x, x_dims, params, alpha):
-    d = kernel.num_dims
+def _shares(kernel, outer, formula, x, x_dims, params, alpha):
     if isinstance(kernel, OrthogonalAdditiveKernel):
         return _sobol(kernel, outer, x, alpha)
     # Empirical: variance over (evenly spaced) training inputs of each order's and each dimension's component.
@@ -216,7 +332,32 @@ def _shares(model, kernel, outer, formula, x, x_dims, params, alpha):
     else:
         order_var = first.sum(0).var(-1, keepdim=True)
     total = order_var.sum()
-    return order_var / total, first.var(-1) / total, None, "empirical"
+    # A first-order model's total effects, exact under the product of the training marginals.
+    totals = first.var(-1) / first.var(-1).sum()
+    return order_var / total, first.var(-1) / total, totals, "empirical"
+
+
+def _total_effects(model, kernel, x: Tensor, alpha: Tensor, totals: Tensor, s: int):
+    """``(total_effects, standard errors or None, total_kind)``: OAK's and a first-order model's as
+    :func:`_shares` computed them, Newton–Girard's by Jansen's pick-freeze estimator."""
+    if isinstance(kernel, OrthogonalAdditiveKernel):
+        return totals, None, "sobol"
+    if getattr(kernel, "max_degree", 1) == 1:
+        return totals, None, "first-order"
+    n, d = x.shape
+    # A private generator: the analysis gives the same numbers on every call and leaves the user's
+    # random stream alone. Each coordinate of a and b is drawn from its own training column.
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randint(n, (2, s, d), generator=generator).to(x.device)
+    a, b = (x.gather(0, r) for r in rows)
+    hybrids = a.expand(d, s, d).clone()
+    hybrids[torch.arange(d), :, torch.arange(d)] = b.T  # hybrids[i]: a with coordinate i from b
+    points = torch.cat([a, b, hybrids.reshape(d * s, d)])
+    m = (model.covar_module(points, x) @ alpha.unsqueeze(-1)).squeeze(-1).double()
+    m_a, m_b, m_h = m[:s], m[s : 2 * s], m[2 * s :].reshape(d, s)
+    variance = torch.cat([m_a, m_b]).var()
+    squares = (m_a - m_h) ** 2 / (2 * variance)  # (D, S)
+    return (squares.mean(-1).to(x.dtype), (squares.std(-1) / math.sqrt(s)).to(x.dtype), "pick-freeze")
 
 
 def _sobol(kernel: OrthogonalAdditiveKernel, outer, x: Tensor, alpha: Tensor):
@@ -251,6 +392,77 @@ def _sobol(kernel: OrthogonalAdditiveKernel, outer, x: Tensor, alpha: Tensor):
     return (*(t.to(dtype) for t in shares), "sobol")
 
 
+def summary(analysis: ComponentAnalysis) -> dict[str, Any]:
+    """The analysis' numbers as plain lists (JSON-serializable): what :func:`report_lines` reads,
+    and what ``lazykern uci --json`` writes.
+
+    Args:
+        analysis: from :func:`component_analysis`.
+
+    Returns:
+        A dict with ``order_shares``, ``dimension_shares`` (first-order shares), ``total_effects``,
+        ``total_effects_se`` (``None`` where exact), ``analysis_kind`` and ``total_effects_kind``.
+
+    Example:
+        >>> sorted(summary(result))  # doctest: +SKIP
+        ['analysis_kind', 'dimension_shares', 'order_shares', 'total_effects', 'total_effects_kind', 'total_effects_se']
+    """
+    errors = analysis.total_effects_se
+    return {"order_shares": analysis.order_shares.tolist(), "dimension_shares": analysis.dimension_shares.tolist(),
+            "total_effects": analysis.total_effects.tolist(),
+            "total_effects_se": None if errors is None else errors.tolist(),
+            "analysis_kind": analysis.kind, "total_effects_kind": analysis.total_kind}
+
+
+def report_lines(
+    record: Mapping[str, Any], *, names: Sequence[str] | None = None, orders: int = 8, inputs: int = 5
+) -> list[str]:
+    """The order shares and the inputs ranked by total effect, each with its definition, as text lines.
+
+    Args:
+        record: :func:`summary`'s dict (or any mapping with its keys, such as ``lazykern uci``'s
+            JSON record); without ``order_shares`` (a kernel without components) no lines.
+        names: one name per input (default ``x0, x1, ...``).
+        orders: orders shown one by one; the rest are summed into one entry.
+        inputs: inputs shown, by decreasing total effect.
+
+    Example:
+        >>> record = {"order_shares": [0.7, 0.3], "dimension_shares": [0.5, 0.2, 0.0],
+        ...           "total_effects": [0.5, 0.5, 0.3], "total_effects_se": None,
+        ...           "analysis_kind": "sobol", "total_effects_kind": "sobol"}
+        >>> print("\\n".join(report_lines(record)))  # doctest: +NORMALIZE_WHITESPACE
+        order shares        1: 0.700  2: 0.300
+                            (Sobol indices of the posterior mean under the input measure: the share of its
+                            variance in interactions of exactly r inputs)
+        top inputs          x0: 0.500  x1: 0.500  x2: 0.300
+        first-order shares  x0: 0.500  x1: 0.200  x2: 0.000
+                            (total effect: the share of the posterior mean's variance in every term that involves
+                            the input, of every order, i.e. its total Sobol index; closed form under the input
+                            measure. First-order share: the share in its first-order component alone)
+    """
+    shares, firsts, totals = (record.get(k) for k in ("order_shares", "dimension_shares", "total_effects"))
+    if shares is None or firsts is None or totals is None:
+        return []
+    names = list(names) if names is not None else [f"x{k}" for k in range(len(totals))]
+    shown = "  ".join(f"{r}: {share:.3f}" for r, share in enumerate(shares[:orders], start=1))
+    if len(shares) > orders:
+        shown += f"  {orders + 1}-{len(shares)}: {sum(shares[orders:]):.3f}"
+    top = _ranking(totals, firsts)[:inputs]
+    how = TOTAL_EFFECT_MEANING[record["total_effects_kind"]]
+    errors = record.get("total_effects_se")
+    if errors is not None:
+        how += f", standard error at most {max(errors):.3f}"
+    return [
+        f"order shares        {shown}",
+        f"                    ({ORDER_SHARE_MEANING[record['analysis_kind']]})",
+        f"top inputs          {'  '.join(f'{names[k]}: {totals[k]:.3f}' for k in top)}",
+        f"first-order shares  {'  '.join(f'{names[k]}: {firsts[k]:.3f}' for k in top)}",
+        "                    (total effect: the share of the posterior mean's variance in every term that involves "
+        f"the input, of every order, i.e. its total Sobol index; {how}. First-order share: the share in its "
+        "first-order component alone)",
+    ]
+
+
 def plot_components(
     analysis: ComponentAnalysis,
     path: str | Path,
@@ -258,20 +470,32 @@ def plot_components(
     names: Sequence[str] | None = None,
     x_mean: Tensor | None = None,
     x_std: Tensor | None = None,
+    y_mean: float = 0.0,
     y_std: float = 1.0,
+    x_units: str | Sequence[str] | None = None,
+    y_units: str | None = None,
     title: str | None = None,
     max_panels: int = 12,
 ) -> Path:
-    """Plot the first-order components (mean ± 2σ bands, rug of training inputs) of the dimensions
-    with the largest shares, and the order and dimension shares as bars; save to ``path``.
+    """Save a figure of what the model learned: one panel per input (the largest total effects
+    first), then the order shares and every input's total effect and first-order share.
+
+    Each input's panel shows its centred first-order component (posterior mean, and a band of
+    ± 2 posterior standard deviations of the centred component where ``analysis.variance`` is
+    known) against the input, with a rug of the training inputs; the additive offset the centring
+    removed (the GP's constant mean plus the components' training averages) is given in the title.
 
     Args:
         analysis: from :func:`component_analysis`.
         path: image file to write (format from its suffix, e.g. ``.png``, ``.pdf``).
         names: one name per input dimension (default ``x0, x1, ...``).
-        x_mean, x_std, y_std: to draw in original units (e.g. a :class:`lazykern.data.UCISplit`'s).
-        title: figure title.
-        max_panels: at most this many component panels (largest ``dimension_shares`` first).
+        x_mean, x_std, y_mean, y_std: to draw in original units (a :class:`lazykern.data.UCISplit`'s
+            statistics): inputs ``x * x_std + x_mean``, components ``f * y_std``, offset ``y_mean + offset * y_std``.
+        x_units: the inputs' unit, one for all or one per input (default: "original units" when
+            ``x_std`` is given, else "standardized").
+        y_units: the target's unit (default: "original units" when ``y_std != 1``, else "standardized").
+        title: first line of the figure's title (e.g. dataset and kernel).
+        max_panels: at most this many component panels.
 
     Returns:
         The path written.
@@ -283,6 +507,7 @@ def plot_components(
         import matplotlib
 
         matplotlib.use("Agg")
+        import matplotlib.lines
         import matplotlib.pyplot as plt
     except ImportError as err:  # pragma: no cover - matplotlib ships with the dev extra
         raise ImportError("plot_components needs matplotlib: pip install matplotlib") from err
@@ -294,41 +519,68 @@ def plot_components(
     names = list(names) if names is not None else [f"x{k}" for k in range(d)]
     if len(names) != d:
         raise ValueError(f"names has {len(names)} entries for {d} dimensions")
+    if x_units is None or isinstance(x_units, str):
+        x_units = [x_units or ("original units" if x_std is not None else "standardized")] * d
+    if len(x_units) != d:
+        raise ValueError(f"x_units has {len(x_units)} entries for {d} dimensions")
+    y_units = y_units or ("original units" if y_std != 1.0 or y_mean != 0.0 else "standardized")
     x_mean = torch.zeros(d) if x_mean is None else x_mean.detach().cpu().reshape(d)
     x_std = torch.ones(d) if x_std is None else x_std.detach().cpu().reshape(d)
-    order = torch.argsort(analysis.dimension_shares.detach().cpu(), descending=True)[:max_panels].tolist()
-    cols = min(4, len(order) + 2)
-    rows = math.ceil((len(order) + 2) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.5 * rows), squeeze=False)
-    flat = list(axes.flat)
+    order = analysis.ranking()[:max_panels]
+    cols = max(2, min(4, len(order)))
+    rows = math.ceil(len(order) / cols)
+    fig = plt.figure(figsize=(3.4 * cols, 2.8 * rows + 3.2))
+    layout = fig.add_gridspec(rows + 1, 2 * cols, height_ratios=[2.8] * rows + [3.0])
     grid, mean = analysis.grid.detach().cpu(), analysis.mean.detach().cpu() * y_std
     std = None if analysis.variance is None else analysis.variance.detach().cpu().sqrt() * y_std
     train = analysis.train_x.detach().cpu()
-    for ax, k in zip(flat, order):
+    totals, firsts = analysis.total_effects.detach().cpu(), analysis.dimension_shares.detach().cpu()
+    for n, k in enumerate(order):
+        ax = fig.add_subplot(layout[n // cols, 2 * (n % cols) : 2 * (n % cols) + 2])
         t = grid[:, k] * x_std[k] + x_mean[k]
         if std is not None:
-            ax.fill_between(t, mean[:, k] - 2 * std[:, k], mean[:, k] + 2 * std[:, k], alpha=0.3, color="C0", lw=0)
-        ax.plot(t, mean[:, k], color="C0")
-        low = float((mean[:, k] - (2 * std[:, k] if std is not None else 0)).min())
-        ax.plot(train[:, k] * x_std[k] + x_mean[k], [low] * len(train), "|", color="k", alpha=0.05, ms=6)
-        ax.set_title(f"{names[k]} (share {float(analysis.dimension_shares[k]):.2f})", fontsize=9)
+            ax.fill_between(t, mean[:, k] - 2 * std[:, k], mean[:, k] + 2 * std[:, k], alpha=0.3, color="C0", lw=0,
+                            label="± 2 s.d. of the centred component (posterior)")
+        ax.plot(t, mean[:, k], color="C0", label="posterior mean of the centred component")
+        ax.axhline(0.0, color="0.6", lw=0.6)
+        ax.plot(train[:, k] * x_std[k] + x_mean[k], torch.full((len(train),), 0.03), "|", color="k", alpha=0.1,
+                ms=5, transform=ax.get_xaxis_transform())
+        ax.set_title(f"{names[k]}: total effect {float(totals[k]):.2f}, first-order {float(firsts[k]):.2f}",
+                     fontsize=9)
+        ax.set_xlabel(f"{names[k]} ({x_units[k]})", fontsize=8)
+        ax.set_ylabel(f"component ({y_units})", fontsize=8)
         ax.tick_params(labelsize=7)
-    bars = flat[len(order)]
+        if n == 0:
+            handles, labels = ax.get_legend_handles_labels()
+    # the rug's own marks are faint (thousands overlap): the legend gets an opaque one
+    handles.append(matplotlib.lines.Line2D([], [], color="k", marker="|", ls="", ms=8))
+    labels.append("training inputs")
+    bars = fig.add_subplot(layout[rows, :cols])
     shares = analysis.order_shares.detach().cpu()
     bars.bar(range(1, len(shares) + 1), shares, color="C1")
-    bars.set_title(f"variance share by order ({analysis.kind})", fontsize=9)
-    bars.set_xlabel("interaction order", fontsize=8)
-    dims = flat[len(order) + 1]
-    values = (analysis.total_effects if analysis.total_effects is not None else analysis.dimension_shares).cpu()
-    dims.bar(range(d), values.detach(), color="C2")
-    dims.set_title("total effect by input" if analysis.total_effects is not None else "first-order share by input",
-                   fontsize=9)
-    dims.set_xticks(range(d), names, rotation=90, fontsize=6)
-    for ax in flat[len(order) + 2 :]:
-        ax.axis("off")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
+    bars.set_title("order shares (" + ("Sobol indices" if analysis.kind == "sobol"
+                                       else "variance of each order's term; not Sobol indices") + ")", fontsize=9)
+    bars.set_xlabel("interaction order r", fontsize=8)
+    bars.set_ylabel("share of Var[posterior mean]", fontsize=8)
+    bars.tick_params(labelsize=7)
+    effects = fig.add_subplot(layout[rows, cols:])
+    ranked = analysis.ranking()
+    at = torch.arange(d, dtype=torch.float64).numpy()  # numpy throughout: matplotlib's own arithmetic on them
+    errors = None if analysis.total_effects_se is None else 2 * analysis.total_effects_se.detach().cpu()[ranked].numpy()
+    effects.bar(at - 0.2, totals[ranked].numpy(), width=0.4, color="C0", yerr=errors, capsize=2,
+                label="total effect" + (" (± 2 s.e.)" if errors is not None else ""))
+    effects.bar(at + 0.2, firsts[ranked].numpy(), width=0.4, color="C2", label="first-order share")
+    effects.set_title("inputs by total effect", fontsize=9)
+    effects.set_ylabel("share of Var[posterior mean]", fontsize=8)
+    effects.set_xticks(at, [names[k] for k in ranked], rotation=90 if d > 8 else 0, fontsize=7)
+    effects.tick_params(axis="y", labelsize=7)
+    effects.legend(fontsize=7)
+    offset = y_mean + (analysis.constant + float(analysis.offsets.sum())) * y_std
+    heading = f"{title}\n" if title else ""
+    fig.suptitle(f"{heading}first-order components, centred on their training-input average "
+                 f"(offset removed: {offset:.4g} {y_units})", fontsize=10)
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
