@@ -13,10 +13,11 @@ Usage::
 The default kernel is :data:`~lazykern.kernel_names.DEFAULT_KERNEL` (``additive-ng``), trained by
 :func:`lazykern.regression.fit_evaluate`'s recipe (``--optimizer``, ``--iters``, ``--lr``,
 ``--tolerance``). The report goes to stdout: test RMSE and NLPD next to the mean predictor's (RMSE
-1.0 in standardized units), the optimizer that ran and its loss evaluations, for additive kernels the
-share of variance per interaction order and the inputs with the largest shares (``--plot FILE``
-saves the component plot), with ``--compare`` next to lazykern's and GPyTorch's ARD RBF kernels
-trained on the same split. Progress bars, warnings and, with ``--verbose``, KeOps' own messages go to
+1.0 in standardized units) and a line of reading where a model does no better than it, the
+optimizer that ran and its loss evaluations, for additive kernels the order shares and the inputs
+with the largest total effects (:func:`lazykern.components.report_lines`; ``--plot FILE`` saves the
+component plot), with ``--compare`` next to lazykern's and GPyTorch's ARD RBF kernels trained on the
+same split. Progress bars, warnings and, with ``--verbose``, KeOps' own messages go to
 stderr, as does a note when a kernel's reductions are compiled before training (the first time only:
 about a second each with lazykern's CPU engine, 5-40 s each with KeOps). ``lazykern precompile``
 compiles them ahead of time for the command's kernels, several at once with ``--jobs``. ``--help``,
@@ -367,30 +368,41 @@ def _training_notes(record: dict[str, Any]) -> list[str]:
 
 
 def _shares(record: dict[str, Any]) -> list[str]:
-    """The share of variance per interaction order and the inputs with the largest first-order shares."""
-    orders, inputs = record.get("order_shares"), record.get("dimension_shares")
-    if orders is None or inputs is None:
-        return []
-    how = ("Sobol indices under the input measure" if record["analysis_kind"] == "sobol"
-           else "variance of each order's posterior-mean component on the training inputs")
-    shown = "  ".join(f"{r}: {share:.3f}" for r, share in enumerate(orders[:SHOWN_ORDERS], start=1))
-    if len(orders) > SHOWN_ORDERS:
-        shown += f"  {SHOWN_ORDERS + 1}-{len(orders)}: {sum(orders[SHOWN_ORDERS:]):.3f}"
-    top = sorted(range(len(inputs)), key=lambda k: -inputs[k])[:SHOWN_INPUTS]
-    return [
-        f"order shares        {shown}",
-        f"                    ({how})",
-        f"top inputs          {'  '.join(f'x{k}: {inputs[k]:.3f}' for k in top)}   (first-order shares)",
-    ]
+    """The order shares and the inputs ranked by total effect, with their definitions
+    (:func:`lazykern.components.report_lines`, which the examples print too)."""
+    from .components import report_lines
+
+    return report_lines(record, orders=SHOWN_ORDERS, inputs=SHOWN_INPUTS)
+
+
+def _readings(record: dict[str, Any], mean_predictor: dict[str, float]) -> list[str]:
+    """One line for each metric on which a model does no better than the mean predictor, saying what it means."""
+    kernel, rmse, nlpd = record["kernel"], record["rmse"], record["nlpd"]
+    lines = []
+    if rmse >= mean_predictor["rmse"]:
+        lines.append(f"reading: {kernel}'s test RMSE {rmse:.4f} is no better than the mean predictor's "
+                     f"{mean_predictor['rmse']:.4f}: the model has not learned how the target depends on the inputs "
+                     "(did training converge? is its signal variance near zero?)")
+    if nlpd >= mean_predictor["nlpd"]:
+        why = ("although its RMSE is better: its predictive variances are too small for its errors "
+               "(over-confident) on part of the test set" if rmse < mean_predictor["rmse"]
+               else "as its RMSE: its predictions are worse than the training mean and variance")
+        lines.append(f"reading: {kernel}'s test NLPD {nlpd:.4f} is worse than the mean predictor's "
+                     f"{mean_predictor['nlpd']:.4f}, {why}")
+    return lines
 
 
 def _report(record: dict[str, Any]) -> str:
+    mean = record["mean_predictor"]
     rows = [
-        ("test RMSE", f"{record['rmse']:.4f}", f"{record['rmse_original']:.5g}"),
-        ("test NLPD", f"{record['nlpd']:.4f}", f"{record['nlpd_original']:.5g}"),
+        ("test RMSE", f"{record['rmse']:.4f}", f"{record['rmse_original']:.5g}", f"{mean['rmse']:.4f}",
+         f"{mean['rmse_original']:.5g}"),
+        ("test NLPD", f"{record['nlpd']:.4f}", f"{record['nlpd_original']:.5g}", f"{mean['nlpd']:.4f}",
+         f"{mean['nlpd_original']:.5g}"),
     ]
-    lines = [f"{record['kernel']:<20}{'standardized':>14}{'original units':>18}"]
-    lines += [f"{name:<20}{a:>14}{b:>18}" for name, a, b in rows]
+    lines = [f"{record['kernel']:<20}{'standardized':>14}{'original units':>18}   "
+             f"{'mean predictor: standardized':>28}{'original units':>18}"]
+    lines += [f"{name:<20}{a:>14}{b:>18}   {c:>28}{d:>18}" for name, a, b, c, d in rows]
     memory = "peak CUDA allocated" if record["memory_measure"] == "cuda_max_allocated" else "peak process RSS"
     lines += [
         f"{'train time':<20}{record['train_seconds']:>13.1f}s   ({_training(record)}, "
@@ -417,6 +429,8 @@ def _context(record: dict[str, Any]) -> str:
         lines.append(f"  {names.get(r['kernel'], r['kernel']):<30}{r['rmse']:>8.4f}{r['nlpd']:>9.4f}"
                      f"{r['train_seconds']:>8.1f}s")
     lines.append("  (mean predictor: the training mean and variance, RMSE 1 by construction up to sampling)")
+    for r in [record, *record.get("compare", [])]:
+        lines += [f"  {line}" for line in _readings(r, record["mean_predictor"])]
     if "compare" not in record:
         lines.append(f"  (--compare also trains {' and '.join(COMPARE_KERNELS)} on this split)")
     return "\n".join(lines)
@@ -447,7 +461,8 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
 
     import torch
 
-    from .regression import fit_evaluate, gaussian_metrics, plot_components
+    from .components import plot_components, summary
+    from .regression import fit_evaluate, gaussian_metrics
 
     report = sys.stderr if _json_to_stdout(args.json) else out
     device = _device(args.device)
@@ -477,6 +492,8 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
                       "nlpd_original": nlpd + math.log(data.y_std)}
     record = {"dataset": data.name, "split": data.split, "seed": args.seed, "tolerance": args.tolerance,
               **results[0].to_dict(), "mean_predictor": mean_predictor}
+    if results[0].analysis is not None:  # total effects and their standard errors beside the shares
+        record.update(summary(results[0].analysis))
     if args.compare:
         record["compare"] = [r.to_dict() for r in results[1:]]
     print(_report(record), file=report)
@@ -484,8 +501,8 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     for note in (line for result in results for line in _training_notes(result.to_dict())):
         print(note, file=sys.stderr, flush=True)
     if args.plot is not None:
-        plot_components(results[0], args.plot, x_mean=data.x_mean, x_std=data.x_std, y_std=data.y_std,
-                        title=f"{data.name} split {data.split}: {args.kernel}")
+        plot_components(results[0].analysis, args.plot, x_mean=data.x_mean, x_std=data.x_std, y_mean=data.y_mean,
+                        y_std=data.y_std, title=f"{data.name} split {data.split}: {args.kernel}")
         print(f"wrote {args.plot}", file=report)
     if _json_to_stdout(args.json):
         print(json.dumps(record, indent=2), file=out, flush=True)

@@ -315,9 +315,13 @@ def test_oak_with_max_degree_reports_order_shares_and_plots(tmp_path, capsys):
     assert len(record["dimension_shares"]) == 6
     first, second = record["order_shares"]
     assert re.search(rf"^order shares\s+1: {first:.3f}  2: {second:.3f}$", stdout, re.M), stdout
-    assert "(Sobol indices under the input measure)" in stdout
-    top = max(range(6), key=lambda k: record["dimension_shares"][k])
-    assert re.search(rf"^top inputs\s+x{top}: {record['dimension_shares'][top]:.3f}  x", stdout, re.M), stdout
+    assert "(Sobol indices of the posterior mean under the input measure" in stdout
+    # Inputs ranked by total effect (every order), OAK's in closed form, printed with its definition.
+    assert record["total_effects_kind"] == "sobol" and len(record["total_effects"]) == 6
+    top = max(range(6), key=lambda k: record["total_effects"][k])
+    assert re.search(rf"^top inputs\s+x{top}: {record['total_effects'][top]:.3f}  x", stdout, re.M), stdout
+    assert re.search(rf"^first-order shares\s+x{top}: {record['dimension_shares'][top]:.3f}  x", stdout, re.M)
+    assert "its total Sobol index; closed form under the input measure" in stdout
     assert (record["optimizer_used"], record["iters"]) == ("lbfgs", 5)
     assert (f"(L-BFGS (auto): {record['iterations']} of at most 5 iterations, {record['evaluations']} loss "
             f"evaluations; ") in stdout
@@ -420,3 +424,18 @@ def test_precompile_reads_a_datasets_dimensions(uci_fixture):
     assert _dataset_dims("pol", uci_fixture.root, progress=False) == 26
     with pytest.raises(_UsageError, match="--dataset elevators: .* lacks data.csv.gz"):
         _dataset_dims("elevators", uci_fixture.root, progress=False)
+
+
+def test_report_reads_metrics_worse_than_the_mean_predictor():
+    """One line per metric on which a model does no better than the mean predictor (yacht --compare
+    printed an NLPD of 2.25 against the mean predictor's 1.46 without a word)."""
+    from lazykern.cli import _readings
+
+    mean = {"rmse": 1.0, "nlpd": 1.46}
+    assert _readings({"kernel": "k", "rmse": 0.5, "nlpd": 0.2}, mean) == []
+    (line,) = _readings({"kernel": "k", "rmse": 0.5, "nlpd": 2.25}, mean)
+    assert line.startswith("reading: k's test NLPD 2.2500 is worse than the mean predictor's 1.4600")
+    assert "over-confident" in line
+    rmse, nlpd = _readings({"kernel": "k", "rmse": 1.2, "nlpd": 2.25}, mean)
+    assert "RMSE 1.2000 is no better than the mean predictor's 1.0000" in rmse
+    assert "worse than the training mean" in nlpd
