@@ -4,7 +4,8 @@
 
 The kernel is a sum over input dimensions of one-dimensional RBF kernels, each with its own
 lengthscale and weight, evaluated as one KeOps formula (never a d x n x n tensor). It prints the
-test RMSE and NLPD next to the mean predictor's, the most relevant inputs, and writes the test
+test RMSE and NLPD next to the mean predictor's, the inputs ranked by total effect (printed by
+:func:`lazykern.components.report_lines`, as ``lazykern uci`` prints them), and writes the test
 predictions in original units (target, mean, standard deviation) to FOLDER/uci_regression_DATASET.csv.
 
 Data: --data-dir, else $LAZYKERN_DATA, else downloaded once (checksum-verified) into
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from _common import load, output, training_parser
+from lazykern.components import component_analysis, report_lines, summary
 from lazykern.regression import ExactGPRegressor, gaussian_metrics, predict, train
 
 args = training_parser(__doc__).parse_args()
@@ -44,8 +46,10 @@ base_rmse, base_nlpd = gaussian_metrics(torch.zeros_like(data.test_y), torch.one
 print(f"{data.name}: n_train={data.n_train}, n_test={data.n_test}, d={data.d}")
 print(f"test RMSE {rmse:.4f} (original units {rmse * data.y_std:.4g}), NLPD {nlpd:.4f}")
 print(f"mean predictor: RMSE {base_rmse:.4f}, NLPD {base_nlpd:.4f} (standardized units)")
-weights = kernel.base_kernel.component_scales.detach().flatten()
-print("most relevant inputs:", weights.argsort(descending=True)[:5].tolist())
+# The command's analysis and report: total effects, not raw component weights (a weight says
+# nothing of how much an input's component varies over the data).
+# (variance_max_n=0: no component bands, so no dense factor; the mean solve is the one predict cached.)
+print("\n".join(report_lines(summary(component_analysis(model, variance_max_n=0)))))
 
 path = output(args.out, f"uci_regression_{data.name}.csv")
 columns = [data.y_to_original(data.test_y), data.y_to_original(mean), variance.sqrt() * data.y_std]
