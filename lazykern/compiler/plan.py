@@ -186,7 +186,7 @@ def _build_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, d
 
 def plannable(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
     """Whether the compiler plans ``formula`` on these tensors, whatever the target: all tensors of
-    one dtype of :data:`DTYPES`, at least two-dimensional, with broadcastable batch shapes, and a
+    one dtype of ``DTYPES``, at least two-dimensional, with broadcastable batch shapes, and a
     formula that traces into operations the targets generate, with one value per pair. Nothing is
     compiled (the devices are each target's business).
 
@@ -209,7 +209,7 @@ def plannable(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Ten
 
 
 def unsupported(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> str | None:
-    """What ``formula`` does that the compiler does not generate (the :class:`Unsupported` message),
+    """What ``formula`` does that the compiler does not generate (the ``Unsupported`` message),
     or ``None`` when it traces: for the error of a target that declines it."""
     try:
         _build_program(formula, "mm", x1.shape[-1], x2.shape[-1], _spec(params), DTYPES.get(x1.dtype, "double"), ())

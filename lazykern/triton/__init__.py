@@ -1,10 +1,10 @@
 r"""lazykern's Triton engine: kernel formulas compiled to Triton kernels, for GPUs.
 
-The second target of lazykern's compiler (:mod:`lazykern.compiler`): the formula is traced and
+The second target of lazykern's compiler (``lazykern.compiler``): the formula is traced and
 differentiated symbolically exactly as for the CPU engine, the same passes are planned
-(:mod:`lazykern.compiler.plan`, :mod:`lazykern.compiler.passes`), and each pass becomes one
-``@triton.jit`` kernel (:mod:`lazykern.triton.codegen`) over tiles of ``BLOCK_N x BLOCK_M`` pairs,
-generated into a cache folder and imported (:mod:`lazykern.triton.build`). Triton ships with
+(``lazykern.compiler.plan``, ``lazykern.compiler.passes``), and each pass becomes one
+``@triton.jit`` kernel (``lazykern.triton.codegen``) over tiles of ``BLOCK_N x BLOCK_M`` pairs,
+generated into a cache folder and imported (``lazykern.triton.build``). Triton ships with
 every CUDA build of torch and needs no CUDA toolkit; ``TRITON_INTERPRET=1`` (set before triton is
 imported) runs the same kernels on CPU tensors, which is how the engine is tested without a GPU.
 
