@@ -117,6 +117,9 @@ def test_gradcheck_and_float32():
     scales = torch.tensor([[0.7, 1.3]], dtype=DT, requires_grad=True)
     rhs = torch.randn(3, 1, dtype=DT, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, s, v: lk_triton.matmul(formula, a, x2, {"scales": s}, v), (x1, scales, rhs))
+    # Second derivatives (create_graph=True) take the torch engine's row blocks, as on the C target.
+    assert torch.autograd.gradgradcheck(lambda a, s: lk_triton.matmul(formula, a, x2, {"scales": s}, rhs.detach()),
+                                        (x1, scales))
     single = lk_triton.matmul(formula, x1.float(), x2.float(), {"scales": scales.float()}, rhs.float())
     assert single.dtype == torch.float32
     assert_close(single.double(), lk_triton.matmul(formula, x1, x2, {"scales": scales}, rhs), rtol=1e-5)
