@@ -85,9 +85,9 @@ call; the user's random stream is not touched), and cost :math:`S (D + 2)` rows 
 matvec. Assumptions: the inputs are treated as independent (P is a product measure), and where
 they are not, the hybrid points :math:`a_s^{(i)}` can leave the region of the data, where
 :math:`m` is the prior's extrapolation; the estimate is of the posterior *mean*'s sensitivity, not of the
-uncertainty about it. For a first-order model (:class:`~lazykern.kernels.AdditiveStructureKernel`,
-or ``max_degree=1``) total effect and first-order share coincide, and are computed exactly under
-the same P: :math:`T_i = \operatorname{Var}_P f_i / \sum_d \operatorname{Var}_P f_d`.
+uncertainty about it. A first-order model (:class:`~lazykern.kernels.AdditiveStructureKernel`,
+or ``max_degree=1``) has no other terms: its total effects are its first-order shares, exactly
+(no Monte Carlo).
 
 :func:`report_lines` prints these numbers with their definitions (the command and the examples call
 it); :func:`plot_components` draws them.
@@ -332,9 +332,9 @@ def _shares(kernel, outer, formula, x, x_dims, params, alpha):
     else:
         order_var = first.sum(0).var(-1, keepdim=True)
     total = order_var.sum()
-    # A first-order model's total effects, exact under the product of the training marginals.
-    totals = first.var(-1) / first.var(-1).sum()
-    return order_var / total, first.var(-1) / total, totals, "empirical"
+    # A first-order model has nothing but first-order terms: its total effects are its first-order shares.
+    firsts = first.var(-1) / total
+    return order_var / total, firsts, firsts, "empirical"
 
 
 def _total_effects(model, kernel, x: Tensor, alpha: Tensor, totals: Tensor, s: int):
@@ -484,6 +484,9 @@ def plot_components(
     ± 2 posterior standard deviations of the centred component where ``analysis.variance`` is
     known) against the input, with a rug of the training inputs; the additive offset the centring
     removed (the GP's constant mean plus the components' training averages) is given in the title.
+    OAK's components are identifiable and their bands show shape uncertainty alone; a
+    Newton–Girard kernel's first-order term also trades off against its higher orders, which its
+    (wider) bands include.
 
     Args:
         analysis: from :func:`component_analysis`.
@@ -508,6 +511,7 @@ def plot_components(
 
         matplotlib.use("Agg")
         import matplotlib.lines
+        import matplotlib.ticker
         import matplotlib.pyplot as plt
     except ImportError as err:  # pragma: no cover - matplotlib ships with the dev extra
         raise ImportError("plot_components needs matplotlib: pip install matplotlib") from err
@@ -561,6 +565,8 @@ def plot_components(
     bars.set_title("order shares (" + ("Sobol indices" if analysis.kind == "sobol"
                                        else "variance of each order's term; not Sobol indices") + ")", fontsize=9)
     bars.set_xlabel("interaction order r", fontsize=8)
+    bars.set_xlim(0.0, len(shares) + 1.0)  # one order: a bar, not the whole panel
+    bars.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     bars.set_ylabel("share of Var[posterior mean]", fontsize=8)
     bars.tick_params(labelsize=7)
     effects = fig.add_subplot(layout[rows, cols:])
