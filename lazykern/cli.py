@@ -192,8 +192,8 @@ def _build_parser() -> argparse.ArgumentParser:
     common(uci, CPU_DEFAULT_N_TRAIN, "all")
 
     demo = commands.add_parser("demo", help="train and evaluate on a synthetic additive problem",
-                               description="Train an exact GP on y = sum_j f_j(x_j) + noise, generated in code "
-                               "(no files, no network).")
+                               description="Train an exact GP on y = sum_j f_j(x_j) + 2.5 x1 x2 + noise, generated "
+                               "in code (no files, no network).")
     demo.add_argument("--d", type=_positive_int, default=6, help="input dimensions (default 6)")
     demo.add_argument("--n-test", type=_positive_int, default=500, help="test points (default 500)")
     common(demo, DEMO_CPU_N_TRAIN, str(DEMO_GPU_N_TRAIN))
