@@ -90,7 +90,9 @@ def _out(batch: torch.Size, n: int, w: int, like: Tensor) -> tuple[Tensor, int]:
     return like.new_empty(*batch, n, w), n * w
 
 
-def _named_grads(sums: tuple[Tensor, int] | None, want: tuple[str, ...], outer: Tensor, params: Mapping[str, Tensor]) -> dict[str, Tensor]:
+def _named_grads(
+    sums: tuple[Tensor, int] | None, want: tuple[str, ...], outer: Tensor, params: Mapping[str, Tensor]
+) -> dict[str, Tensor]:
     """The ``(rows, total width)`` sums of a backward pass split into its gradients by name (``"x"``
     for the outer input, then the parameters, in the pass's output order)."""
     if sums is None:
@@ -204,11 +206,14 @@ class _Dense(torch.autograd.Function):
             )
             grads.update(more)
         return (
-            None, None, None, _input_grad(gx1, x1, batch), _input_grad(gx2, x2, batch), *_param_grads(params, grads, batch)
+            None, None, None,
+            _input_grad(gx1, x1, batch), _input_grad(gx2, x2, batch), *_param_grads(params, grads, batch),
         )
 
 
-def matmul(target: ModuleType, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
+def matmul(
+    target: ModuleType, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor
+) -> Tensor:
     r""":math:`K(x_1, x_2)\, V` on ``target``, differentiable in ``x1``, ``x2``, ``rhs`` and every
     parameter (the contract of :func:`lazykern.cpu.matmul`; ``rhs`` ``(..., M, C)`` or ``(M,)``)."""
     target._check(formula, x1, x2, params)
@@ -242,6 +247,7 @@ def symmetric_gradients(
         return None, {n: None for n in params}
     left, right = left.detach(), right.detach()
     batch = _batch(x, left, right, *params.values())
-    gx, _, grads = target._grad_pass(formula, "sym", x, x, params, want, batch, {"dots": [(left, right), (right, left)]})
+    vecs = {"dots": [(left, right), (right, left)]}
+    gx, _, grads = target._grad_pass(formula, "sym", x, x, params, want, batch, vecs)
     values = _param_grads(params, grads, batch)
     return _input_grad(gx, x, batch), dict(zip(params, values))

@@ -198,7 +198,7 @@ def plannable(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Ten
         (True, False)
     """
     tensors = [x1, x2, *params.values()]
-    if not all(isinstance(t, Tensor) and t.dtype == x1.dtype and t.dim() >= 2 for t in tensors) or x1.dtype not in DTYPES:
+    if x1.dtype not in DTYPES or not all(isinstance(t, Tensor) and t.dtype == x1.dtype and t.dim() >= 2 for t in tensors):
         return False
     try:
         torch.broadcast_shapes(*(t.shape[:-2] for t in tensors))

@@ -76,7 +76,8 @@ def _expm1(var: str, x: str) -> list[str]:
         f"{var}_u = tl.exp({x})",
         f"{var}_n = (tl.abs({x}) < 1.0) & ({var}_u != 1.0)",
         f"{var}_w = tl.where({var}_n, {var}_u, 2.0)  # (where the quotient is not used: no 0 / 0, no inf / inf)",
-        f"{var} = tl.where({var}_u == 1.0, {x}, tl.where({var}_n, ({var}_w - 1.0) * {x} / tl.log({var}_w), {var}_u - 1.0))",
+        f"{var} = tl.where({var}_u == 1.0, {x},"
+        f" tl.where({var}_n, ({var}_w - 1.0) * {x} / tl.log({var}_w), {var}_u - 1.0))",
     ]
 
 
@@ -90,7 +91,7 @@ class _Writer:
         for k, w in enumerate(red.weights):
             self.role[w[0]] = ("weight", k)
         self.ptr = {role: k for k, role in enumerate(red.operands())}
-        outputs = list(red.sums) + ([red.matmul[0]] if red.matmul else []) + ([red.store] if red.store is not None else [])
+        outputs = [*red.sums, *([red.matmul[0]] if red.matmul else []), *([red.store] if red.store is not None else [])]
         self.needed = reachable(red.nodes, outputs)
         self.row = self._classify()
         self.pro: list[str] = []  # once per program: the row's values
@@ -147,9 +148,11 @@ class _Writer:
             kind, idx = self.role[node.attr]
             if kind == "outer":
                 width = self._leaf_width(node.attr)
-                out.append(f"{var} = tl.load({self._buf('outer:' + node.attr)} + rows2 * {width} + {k}, mask=rmask2, other=0.0)")
+                out.append(f"{var} = tl.load({self._buf('outer:' + node.attr)} + rows2 * {width} + {k},"
+                           " mask=rmask2, other=0.0)")
             elif kind == "inner":
-                out.append(f"{var} = tl.load({self._buf('inner:' + node.attr)} + {k} * M + cols2, mask=cmask2, other=0.0)")
+                out.append(f"{var} = tl.load({self._buf('inner:' + node.attr)} + {k} * M + cols2,"
+                           " mask=cmask2, other=0.0)")
             elif kind == "param":
                 out.append(f"{var} = tl.load({self._buf('param:' + node.attr)} + {k})")
             else:
@@ -186,8 +189,10 @@ class _Writer:
             f"{var} = tl.zeros([BLOCK_N, BLOCK_M], DT)",
             "for c0 in range(0, C, BLOCK_C):",
             "    cc = c0 + tl.arange(0, BLOCK_C)",
-            f"    lhs = tl.load({self._buf(f'ovec:{a}')} + rows2 * C + cc[None, :], mask=rmask2 & (cc < C)[None, :], other=0.0)",
-            f"    rhs = tl.load({self._buf(f'ivec:{b}')} + cols[:, None] * C + cc[None, :], mask=cmask[:, None] & (cc < C)[None, :], other=0.0)",
+            f"    lhs = tl.load({self._buf(f'ovec:{a}')} + rows2 * C + cc[None, :],"
+            " mask=rmask2 & (cc < C)[None, :], other=0.0)",
+            f"    rhs = tl.load({self._buf(f'ivec:{b}')} + cols[:, None] * C + cc[None, :],"
+            " mask=cmask[:, None] & (cc < C)[None, :], other=0.0)",
             f"    {var} += {self._dot('lhs', 'tl.trans(rhs)')}",
         ]
 
@@ -246,7 +251,8 @@ class _Writer:
                     value = f"acc{lanes}"
                     self.pro.append(f"{value} = tl.zeros([BLOCK_N], DT)")
                     self.body.append(f"{value} += tl.sum(tl.where(mask, {expr}, 0.0), axis=1)")
-                tail.append(f"tl.store({self._buf('out:sums')} + rows * {red.sums_width} + {lanes}, {value}, mask=smask)")
+                tail.append(f"tl.store({self._buf('out:sums')} + rows * {red.sums_width} + {lanes}, {value},"
+                            " mask=smask)")
                 lanes += 1
         if red.matmul:
             node, vec = red.matmul
@@ -254,15 +260,18 @@ class _Writer:
             self.pro.append("accm = tl.zeros([BLOCK_N, BLOCK_C], DT)")
             self.body += [
                 f"kij = tl.where(mask, {kij}, 0.0).to(DT)",
-                f"vt = tl.load({self._buf(f'ivec:{vec}')} + cols[:, None] * C + cs[None, :], mask=cmask[:, None] & (cs < C)[None, :], other=0.0)",
+                f"vt = tl.load({self._buf(f'ivec:{vec}')} + cols[:, None] * C + cs[None, :],"
+                " mask=cmask[:, None] & (cs < C)[None, :], other=0.0)",
                 f"accm += {self._dot('kij', 'vt')}",
             ]
-            tail.append(f"tl.store({self._buf('out:matmul')} + rows2 * C + cs[None, :], accm, mask=rmask2 & (cs < C)[None, :])")
+            tail.append(f"tl.store({self._buf('out:matmul')} + rows2 * C + cs[None, :], accm,"
+                        " mask=rmask2 & (cs < C)[None, :])")
         if red.store is not None:
             kij = self.ref(red.store, 0)
             self.body += [
                 f"kij = tl.where(mask, {kij}, 0.0).to(DT)",
-                f"tl.store({self._buf('out:store')} + rows2 * M + cols2, tl.where(tl.abs(kij) < {_TINY[red.dtype]}, 0.0, kij), mask=mask)",
+                f"tl.store({self._buf('out:store')} + rows2 * M + cols2,"
+                f" tl.where(tl.abs(kij) < {_TINY[red.dtype]}, 0.0, kij), mask=mask)",
             ]
         roles = red.operands()
         args = [f"B{k}" for k in range(len(roles))] + [f"S{k}" for k in range(len(roles))]
