@@ -191,6 +191,8 @@ def precompile(
     # A copy, so that converting to ``dtype`` neither rounds nor moves the caller's parameters.
     kernel = copy.deepcopy(kernel).to(dtype)
     device = next((p.device for p in kernel.parameters()), torch.device("cpu"))
+    if device.type == "cuda":  # KeOps' health check first: its probe's compile is not one of the kernel's
+        backend.engine_report(device)
     keops_folders = _keops_folders(device)
     cpu_folder = build.cache_folder()
     watched = [cpu_folder] + [folder for folder, _ in keops_folders]
