@@ -80,7 +80,7 @@ def _is_lazy(t: Any) -> bool:
 
 
 def _is_traced(t: Any) -> bool:
-    """A placeholder of lazykern's CPU engine (:class:`lazykern.cpu.trace.Sym`; duck-typed, the
+    """A placeholder of lazykern's CPU engine (:class:`lazykern.compiler.trace.Sym`; duck-typed, the
     formulas never import the engines)."""
     return getattr(type(t), "traced", False)
 
