@@ -270,7 +270,7 @@ def compile_times(dtype: str) -> list[dict]:
             jobs = {"matmul": ("mm", ()), "dense": ("dense", ()), "backward x1 + params": ("gradA", names),
                     "backward x2 + rhs": ("gradB", ("x", "rhs")), "symmetric gradient": ("sym", names)}
             for label, (job, want) in jobs.items():
-                red = reductions._program(formula, job, D, D, pspec, ctype, want)
+                red = reductions.program(formula, job, D, D, pspec, ctype, want)
                 before = len(build.compile_log)
                 build.load(red)
                 name, seconds = build.compile_log[before]

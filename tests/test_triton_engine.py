@@ -284,7 +284,7 @@ def test_generated_kernels_compile_for_a_gpu():
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from lazykern.compiler.plan import _program
+from lazykern.compiler.plan import program
 from lazykern.triton import build
 from lazykern.triton.codegen import generate
 from lazykern.triton.reductions import BLOCK, NUM_WARPS
@@ -293,7 +293,7 @@ rbf, ng = StationaryFormula("rbf", additive=True), InteractionFormula(Stationary
 s, sv = (("scales", 3),), (("scales", 3), ("order_variances", 3))
 for f, job, ps, want in [(rbf, "mm", s, ()), (rbf, "gradB", s, ("x", "scales", "rhs")),
                          (rbf, "sym-pair", s, ("x", "scales")), (ng, "sym", sv, ("x", "scales", "order_variances"))]:
-    red = _program(f, job, 3, 3, ps, "double", want)
+    red = program(f, job, 3, 3, ps, "double", want)
     n = len(red.operands())
     sig = {**{f"B{i}": "*fp64" for i in range(n)}, **{f"S{i}": "i32" for i in range(n)}, "N": "i32", "M": "i32",
            "C": "i32", "BLOCK_N": "constexpr", "BLOCK_M": "constexpr", "BLOCK_C": "constexpr", "DT": "constexpr"}

@@ -19,11 +19,11 @@ gradients autograd expects, is decided here, once for every target.
 A *target* is a module of a compiled engine (:mod:`lazykern.cpu.reductions`,
 :mod:`lazykern.triton.reductions`) with four functions, looked up at call time:
 
-* ``_check(formula, x1, x2, params)``: raise ``ValueError`` naming what the target cannot evaluate;
-* ``_forward_matmul(formula, x1, x2, params, rhs, transposed=False)`` and
-  ``_forward_dense(formula, x1, x2, params)``: the forward passes, ``(*batch, N, C)`` and
+* ``check_supported(formula, x1, x2, params)``: raise ``ValueError`` naming what the target cannot evaluate;
+* ``forward_matmul(formula, x1, x2, params, rhs, transposed=False)`` and
+  ``forward_dense(formula, x1, x2, params)``: the forward passes, ``(*batch, N, C)`` and
   ``(*batch, N, M)``;
-* ``_grad_pass(formula, job, x1, x2, params, want, batch, vecs)``: one backward pass, returning the
+* ``grad_pass(formula, job, x1, x2, params, want, batch, vecs)``: one backward pass, returning the
   gradient of its outer input, the product :math:`K^\top \bar Y` (or ``None``) and the per-row
   parameter gradients by name, each ``(*batch, rows, width)``; ``vecs`` holds ``"dots"`` (pairs of
   column arrays whose dot products weight the pairs) or ``"pairs"`` (dense weight matrices).
@@ -58,14 +58,14 @@ Formula = Callable[..., object]
 __all__ = ["dense", "matmul", "symmetric_gradients"]
 
 
-def _batch(*tensors: Tensor) -> torch.Size:
+def batch_shape(*tensors: Tensor) -> torch.Size:
     """The broadcast batch shape of ``(..., rows, width)`` tensors."""
     return torch.broadcast_shapes(*(t.shape[:-2] for t in tensors))
 
 
 # ---------------------------------------------------------------------------- buffers
 # Every target binds a pass's operands as (base tensor, batch stride) pairs, by role.
-def _flat(t: Tensor, batch: torch.Size, nb: int) -> tuple[Tensor, int, int]:
+def flat_buffer(t: Tensor, batch: torch.Size, nb: int) -> tuple[Tensor, int, int]:
     """``t`` broadcast to ``batch`` as ``(nb, rows, width)``: the base tensor and its batch stride
     (0 where ``t`` is shared by every batch entry, so it is never copied)."""
     t = t.expand(*batch, *t.shape[-2:]).reshape(nb, *t.shape[-2:])
@@ -75,22 +75,22 @@ def _flat(t: Tensor, batch: torch.Size, nb: int) -> tuple[Tensor, int, int]:
     return t, t[0].numel(), nb
 
 
-def _rows(t: Tensor, batch: torch.Size, nb: int) -> tuple[Tensor, int]:
-    base, stride, _ = _flat(t, batch, nb)
+def row_buffer(t: Tensor, batch: torch.Size, nb: int) -> tuple[Tensor, int]:
+    base, stride, _ = flat_buffer(t, batch, nb)
     return base, stride
 
 
-def _param_buffers(params: Mapping[str, Tensor], batch: torch.Size, nb: int) -> dict[str, tuple[Tensor, int]]:
-    return {f"param:p:{n}": _rows(p.detach(), batch, nb) for n, p in params.items()}
+def param_buffers(params: Mapping[str, Tensor], batch: torch.Size, nb: int) -> dict[str, tuple[Tensor, int]]:
+    return {f"param:p:{n}": row_buffer(p.detach(), batch, nb) for n, p in params.items()}
 
 
-def _out(batch: torch.Size, n: int, w: int, like: Tensor) -> tuple[Tensor, int]:
+def output_buffer(batch: torch.Size, n: int, w: int, like: Tensor) -> tuple[Tensor, int]:
     """A ``(*batch, n, w)`` result and its batch stride, allocated in its final shape: a view
     returned by an autograd Function may not be modified in place."""
     return like.new_empty(*batch, n, w), n * w
 
 
-def _named_grads(
+def named_grads(
     sums: tuple[Tensor, int] | None, want: tuple[str, ...], outer: Tensor, params: Mapping[str, Tensor]
 ) -> dict[str, Tensor]:
     """The ``(rows, total width)`` sums of a backward pass split into its gradients by name (``"x"``
@@ -134,7 +134,7 @@ class _Matmul(torch.autograd.Function):
         params = dict(zip(names, values))
         ctx.target, ctx.formula, ctx.names = target, formula, names
         ctx.save_for_backward(x1, x2, rhs, *values)
-        return target._forward_matmul(formula, x1, x2, params, rhs, transposed=False)
+        return target.forward_matmul(formula, x1, x2, params, rhs, transposed=False)
 
     @staticmethod
     def backward(ctx, grad_out):  # noqa: D102 - autograd protocol
@@ -143,10 +143,10 @@ class _Matmul(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: see _differentiable_backward
             gx1, gx2, *gp, grhs = _differentiable_backward(ctx, (x1, x2, *values, rhs), grad_out)
             return (None, None, None, gx1, gx2, grhs, *gp)
-        grad_pass = ctx.target._grad_pass
+        grad_pass = ctx.target.grad_pass
         params = dict(zip(ctx.names, values))
         wanted_p = tuple(n for n, w in zip(ctx.names, need_p) if w)
-        batch = _batch(x1, x2, rhs, grad_out, *values)
+        batch = batch_shape(x1, x2, rhs, grad_out, *values)
         grad_out = grad_out.contiguous()
         gx1 = gx2 = grhs = None
         grads: dict[str, Tensor] = {}
@@ -174,18 +174,18 @@ class _Dense(torch.autograd.Function):
     def forward(ctx, target, formula, names, x1, x2, *values):  # noqa: D102 - autograd protocol
         ctx.target, ctx.formula, ctx.names, ctx.same_inputs = target, formula, names, x1 is x2
         ctx.save_for_backward(x1, x2, *values)
-        return target._forward_dense(formula, x1, x2, dict(zip(names, values)))
+        return target.forward_dense(formula, x1, x2, dict(zip(names, values)))
 
     @staticmethod
     def backward(ctx, grad_out):  # noqa: D102 - autograd protocol
         x1, x2, *values = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: see _differentiable_backward
             return (None, None, None, *_differentiable_backward(ctx, (x1, x2, *values), grad_out))
-        grad_pass = ctx.target._grad_pass
+        grad_pass = ctx.target.grad_pass
         params = dict(zip(ctx.names, values))
         need_x1, need_x2, *need_p = ctx.needs_input_grad[3:]
         wanted_p = tuple(n for n, w in zip(ctx.names, need_p) if w)
-        batch = _batch(x1, x2, grad_out, *values)
+        batch = batch_shape(x1, x2, grad_out, *values)
         gx1 = gx2 = None
         grads: dict[str, Tensor] = {}
         if ctx.same_inputs and need_x1:
@@ -216,7 +216,7 @@ def matmul(
 ) -> Tensor:
     r""":math:`K(x_1, x_2)\, V` on ``target``, differentiable in ``x1``, ``x2``, ``rhs`` and every
     parameter (the contract of :func:`lazykern.cpu.matmul`; ``rhs`` ``(..., M, C)`` or ``(M,)``)."""
-    target._check(formula, x1, x2, params)
+    target.check_supported(formula, x1, x2, params)
     vector = rhs.dim() == 1
     if vector:
         rhs = rhs.unsqueeze(-1)
@@ -231,7 +231,7 @@ def matmul(
 def dense(target: ModuleType, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
     """The ``(..., N, M)`` matrix on ``target``, differentiable in ``x1``, ``x2`` and every parameter
     (the contract of :func:`lazykern.cpu.dense`)."""
-    target._check(formula, x1, x2, params)
+    target.check_supported(formula, x1, x2, params)
     return _Dense.apply(target, formula, tuple(params), x1, x2, *params.values())
 
 
@@ -241,13 +241,13 @@ def symmetric_gradients(
     r"""The gradients of :math:`\sum_{ij} \langle l_i, r_j\rangle\, k(x_i, x_j)` for ``x`` (both
     occurrences) and each parameter requiring grad, in one pass (job ``"sym"``) on ``target``
     (the contract of :func:`lazykern.cpu.symmetric_gradients`)."""
-    target._check(formula, x, x, params)
+    target.check_supported(formula, x, x, params)
     want = (("x",) if x.requires_grad else ()) + tuple(n for n, p in params.items() if p.requires_grad)
     if not want:
         return None, {n: None for n in params}
     left, right = left.detach(), right.detach()
-    batch = _batch(x, left, right, *params.values())
+    batch = batch_shape(x, left, right, *params.values())
     vecs = {"dots": [(left, right), (right, left)]}
-    gx, _, grads = target._grad_pass(formula, "sym", x, x, params, want, batch, vecs)
+    gx, _, grads = target.grad_pass(formula, "sym", x, x, params, want, batch, vecs)
     values = _param_grads(params, grads, batch)
     return _input_grad(gx, x, batch), dict(zip(params, values))

@@ -8,7 +8,7 @@ pair) as a reduction over the *inner* points :math:`j` (the other side):
 * ``matmul``: :math:`\sum_j k(i, j)\, v_{jc}` for a runtime number of columns :math:`c`;
 * ``store``: :math:`k(i, j)` itself, one dense row per :math:`i`.
 
-:func:`_program` plans the pass of a job (a product, a dense block, a backward pass, the fused
+:func:`program` plans the pass of a job (a product, a dense block, a backward pass, the fused
 symmetric gradient): it traces the formula (:mod:`lazykern.compiler.trace`), differentiates it
 (:mod:`lazykern.compiler.grad`) and chooses the outputs. Nothing here depends on the device: the C
 target (:mod:`lazykern.cpu.codegen`) and the Triton target (:mod:`lazykern.triton.codegen`) turn
@@ -17,7 +17,7 @@ each target maps to its own type.
 
 Example:
     >>> from lazykern.formulas import StationaryFormula
-    >>> red = _program(StationaryFormula("rbf"), "gradA", 3, 3, (), "double", ("x",))
+    >>> red = program(StationaryFormula("rbf"), "gradA", 3, 3, (), "double", ("x",))
     >>> red.sums_width, red.weights
     (3, (('w0', 'dot', 0, 0),))
 """
@@ -100,11 +100,11 @@ def compact(graph: Graph, outputs: list[int]) -> tuple[tuple[Node, ...], dict[in
 
 
 
-def _spec(params: Mapping[str, Tensor]) -> tuple[tuple[str, int], ...]:
+def param_spec(params: Mapping[str, Tensor]) -> tuple[tuple[str, int], ...]:
     return tuple((name, p.shape[-1]) for name, p in params.items())
 
 
-def _program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, dtype: str, want: tuple[str, ...] = ()) -> Reduction:
+def program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, dtype: str, want: tuple[str, ...] = ()) -> Reduction:
     """The reduction of ``job`` (cached per formula when the formula is hashable)."""
     try:
         return _cached_program(formula, job, d1, d2, pspec, dtype, want)
@@ -202,7 +202,7 @@ def plannable(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Ten
         return False
     try:
         torch.broadcast_shapes(*(t.shape[:-2] for t in tensors))
-        _program(formula, "mm", x1.shape[-1], x2.shape[-1], _spec(params), DTYPES[x1.dtype])
+        program(formula, "mm", x1.shape[-1], x2.shape[-1], param_spec(params), DTYPES[x1.dtype])
     except (Unsupported, RuntimeError):
         return False
     return True
@@ -212,7 +212,7 @@ def unsupported(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, T
     """What ``formula`` does that the compiler does not generate (the ``Unsupported`` message),
     or ``None`` when it traces: for the error of a target that declines it."""
     try:
-        _build_program(formula, "mm", x1.shape[-1], x2.shape[-1], _spec(params), DTYPES.get(x1.dtype, "double"), ())
+        _build_program(formula, "mm", x1.shape[-1], x2.shape[-1], param_spec(params), DTYPES.get(x1.dtype, "double"), ())
     except Unsupported as err:
         return str(err)
     return None

@@ -18,8 +18,9 @@ import ctypes
 import torch
 from torch import Tensor
 
+from ..compiler.plan import DTYPES
 from . import build
-from .reductions import C_TYPES, threads
+from .reductions import threads
 
 __all__ = ["dense_matmul", "supports_dense_matmul"]
 
@@ -80,7 +81,7 @@ def supports_dense_matmul(dense: Tensor, rhs: Tensor) -> bool:
     """
     return (
         dense.device.type == "cpu"
-        and dense.dtype in C_TYPES
+        and dense.dtype in DTYPES
         and rhs.dtype == dense.dtype
         and rhs.device == dense.device
         and dense.dim() >= 2
@@ -111,6 +112,6 @@ def dense_matmul(dense: Tensor, rhs: Tensor) -> Tensor:
     k = dense.detach().contiguous()
     vt = rhs.detach().expand(*batch, m, c).mT.contiguous()
     out = dense.new_empty(*batch, n, c)
-    fn = build.load_source(_SOURCE % {"T": C_TYPES[dense.dtype]}, "lk_dense_matmul", _ARGTYPES)
+    fn = build.load_source(_SOURCE % {"T": DTYPES[dense.dtype]}, "lk_dense_matmul", _ARGTYPES)
     fn(k.data_ptr(), vt.data_ptr(), out.data_ptr(), batch.numel(), n, m, c, threads(k.numel() * c))
     return out

@@ -26,16 +26,14 @@ import torch
 from torch import Tensor
 
 from ..compiler import passes
-from ..compiler.passes import _batch, _flat, _named_grads, _out, _param_buffers, _rows
-from ..compiler.plan import Reduction, _program, _spec, plannable, unsupported
+from ..compiler.passes import batch_shape, flat_buffer, named_grads, output_buffer, param_buffers, row_buffer
+from ..compiler.plan import DTYPES, Reduction, param_spec, plannable, program, unsupported
 from . import build
 
 Formula = Callable[..., object]
 
-__all__ = ["matmul", "dense", "symmetric_gradients", "supports", "C_TYPES", "threads"]
+__all__ = ["matmul", "dense", "symmetric_gradients", "supports", "threads"]
 
-#: The C type of each dtype the engine compiles for.
-C_TYPES = {torch.float32: "float", torch.float64: "double"}
 # Dimension-major rows are padded to a multiple of this many entries (64-byte aligned rows).
 _ALIGN = 16
 #: Pairs (or multiply-adds) per thread at least: see :func:`threads`.
@@ -45,7 +43,7 @@ WORK_PER_THREAD = 1 << 15
 # ---------------------------------------------------------------------------- buffers
 def _columns(t: Tensor, batch: torch.Size, nb: int, mp: int) -> tuple[Tensor, int]:
     """``(..., M, W)`` as dimension-major ``(nb', W, mp)`` rows, zero-padded to ``mp``."""
-    base, stride, count = _flat(t, batch, nb)
+    base, stride, count = flat_buffer(t, batch, nb)
     base = base.reshape(count, *t.shape[-2:])
     out = base.new_zeros(count, t.shape[-1], mp)
     out[:, :, : t.shape[-2]] = base.transpose(-1, -2)
@@ -77,45 +75,45 @@ def _padded(m: int) -> int:
 
 
 # ---------------------------------------------------------------------------- forward passes
-def _forward_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor, transposed: bool) -> Tensor:
-    """``K @ rhs`` (``transposed``: ``K^T @ rhs``, rhs over rows of ``x1``), batch of ``_batch``."""
-    batch = _batch(x1, x2, rhs, *params.values())
+def forward_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor, transposed: bool) -> Tensor:
+    """``K @ rhs`` (``transposed``: ``K^T @ rhs``, rhs over rows of ``x1``), batch of ``batch_shape``."""
+    batch = batch_shape(x1, x2, rhs, *params.values())
     nb = batch.numel()
     outer, inner = (x2, x1) if transposed else (x1, x2)
     n, m, c = outer.shape[-2], inner.shape[-2], rhs.shape[-1]
     mp = _padded(m)
-    red = _program(formula, "mmT" if transposed else "mm", x1.shape[-1], x2.shape[-1], _spec(params), C_TYPES[x1.dtype])
-    out = _out(batch, n, c, x1)
+    red = program(formula, "mmT" if transposed else "mm", x1.shape[-1], x2.shape[-1], param_spec(params), DTYPES[x1.dtype])
+    out = output_buffer(batch, n, c, x1)
     buffers = {
-        "outer:o": _rows(outer.detach(), batch, nb),
+        "outer:o": row_buffer(outer.detach(), batch, nb),
         "inner:i": _columns(inner.detach(), batch, nb, mp),
         "ivec:0": _columns(rhs.detach(), batch, nb, mp),
         "out:matmul": out,
-        **_param_buffers(params, batch, nb),
+        **param_buffers(params, batch, nb),
     }
     _run(red, buffers, nb, n, m, mp, c)
     return out[0]
 
 
-def _forward_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
-    batch = _batch(x1, x2, *params.values())
+def forward_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
+    batch = batch_shape(x1, x2, *params.values())
     nb = batch.numel()
     n, m = x1.shape[-2], x2.shape[-2]
     mp = _padded(m)
-    red = _program(formula, "dense", x1.shape[-1], x2.shape[-1], _spec(params), C_TYPES[x1.dtype])
-    out = _out(batch, n, m, x1)
+    red = program(formula, "dense", x1.shape[-1], x2.shape[-1], param_spec(params), DTYPES[x1.dtype])
+    out = output_buffer(batch, n, m, x1)
     buffers = {
-        "outer:o": _rows(x1.detach(), batch, nb),
+        "outer:o": row_buffer(x1.detach(), batch, nb),
         "inner:i": _columns(x2.detach(), batch, nb, mp),
         "out:store": out,
-        **_param_buffers(params, batch, nb),
+        **param_buffers(params, batch, nb),
     }
     _run(red, buffers, nb, n, m, mp, 1)
     return out[0]
 
 
 # ---------------------------------------------------------------------------- backward passes
-def _grad_pass(
+def grad_pass(
     formula: Formula,
     job: str,
     x1: Tensor,
@@ -132,30 +130,30 @@ def _grad_pass(
     outer, inner = (x2, x1) if transposed else (x1, x2)
     n, m = outer.shape[-2], inner.shape[-2]
     mp = _padded(m)
-    red = _program(formula, job, x1.shape[-1], x2.shape[-1], _spec(params), C_TYPES[x1.dtype], want)
+    red = program(formula, job, x1.shape[-1], x2.shape[-1], param_spec(params), DTYPES[x1.dtype], want)
     buffers = {
-        "outer:o": _rows(outer.detach(), batch, nb),
+        "outer:o": row_buffer(outer.detach(), batch, nb),
         "inner:i": _columns(inner.detach(), batch, nb, mp),
-        **_param_buffers(params, batch, nb),
+        **param_buffers(params, batch, nb),
     }
     c = 1
     if job.endswith("-pair"):
         for k, weight in enumerate(vecs["pairs"]):
-            buffers[f"pair:w{k}"] = _rows(weight, batch, nb)
+            buffers[f"pair:w{k}"] = row_buffer(weight, batch, nb)
     else:
         for k, (ov, iv) in enumerate(vecs["dots"]):
-            buffers[f"ovec:{k}"] = _rows(ov, batch, nb)
+            buffers[f"ovec:{k}"] = row_buffer(ov, batch, nb)
             buffers[f"ivec:{k}"] = _columns(iv, batch, nb, mp)
             c = ov.shape[-1]
-    sums = _out(batch, n, red.sums_width, x1) if red.sums else None
+    sums = output_buffer(batch, n, red.sums_width, x1) if red.sums else None
     if sums is not None:
         buffers["out:sums"] = sums
     product = None
     if red.matmul is not None:
-        product = _out(batch, n, c, x1)
+        product = output_buffer(batch, n, c, x1)
         buffers["out:matmul"] = product
     _run(red, buffers, nb, n, m, mp, c)
-    grads = _named_grads(sums, want, outer, params)
+    grads = named_grads(sums, want, outer, params)
     return grads.pop("x", None), (None if product is None else product[0]), grads
 
 
@@ -185,7 +183,7 @@ def _platform_ok() -> bool:
     return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64") and build.compiler() is not None
 
 
-def _check(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> None:
+def check_supported(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> None:
     if not supports(formula, x1, x2, params):
         reason = unsupported(formula, x1, x2, params)  # what the formula does that the engine lacks
         if reason is not None:

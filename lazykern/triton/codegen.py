@@ -29,9 +29,9 @@ tensor shared by the batch): outer inputs ``(rows, width)``, inner inputs dimens
 ``(rows, total width)``, products ``(rows, C)``.
 
 Example:
-    >>> from lazykern.compiler.plan import _program
+    >>> from lazykern.compiler.plan import program
     >>> from lazykern.formulas import StationaryFormula
-    >>> red = _program(StationaryFormula("rbf"), "mm", 3, 3, (), "double")
+    >>> red = program(StationaryFormula("rbf"), "mm", 3, 3, (), "double")
     >>> "tl.dot" in generate(red)
     True
 """
