@@ -275,6 +275,18 @@ def loaded_reductions() -> int:
     return count
 
 
+def hooked_gpu_loader(loader: Any) -> Any:
+    """KeOps' GPU loader as lazykern's hooks would have wrapped it, for a GPU loader registered
+    after :func:`keops_session` first installed them (:mod:`lazykern.keops_cuda` builds KeOps'
+    NVRTC engine late): wrapped once the hooks are installed, as it is before.
+
+    Example:
+        >>> hooked_gpu_loader(None) is None or callable(hooked_gpu_loader(None))
+        True
+    """
+    return _LazykernLoader(loader, lazykern_builds=False) if _installed else loader
+
+
 class _LazykernLoader:
     """Stands in for a KeOps loader (``keops_binder["cpp"]`` or ``["nvrtc"]``). On the CPU,
     reductions carrying lazykern's mark are built with lazykern's flags in lazykern's folder, under

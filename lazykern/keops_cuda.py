@@ -411,7 +411,7 @@ def _redetect() -> None:
         from . import keops
 
         loader: Any = LoadKeOps_nvrtc.LoadKeOps_nvrtc
-        keops_io.keops_binder["nvrtc"] = keops._LazykernLoader(loader, lazykern_builds=False) if keops._installed else loader
+        keops_io.keops_binder["nvrtc"] = keops.hooked_gpu_loader(loader)
 
 
 def nvrtc_version(folder: str | None = None) -> tuple[int, int] | None:

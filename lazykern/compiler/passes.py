@@ -13,7 +13,7 @@ The forward and backward passes of :math:`Y = K V` (:math:`\bar Y` the incoming 
 A dense block :math:`K` has the same two backward passes with the weights read from the incoming
 gradient matrix :math:`G` (``"gradA-pair"``, ``"gradB-pair"``); :math:`K(x, x)` of one tensor takes
 one pass weighted by :math:`G` and :math:`G^\top` (``"sym-pair"``). Each pass is planned by
-:func:`lazykern.compiler.plan._program`; which passes run, and how their outputs become the
+:func:`lazykern.compiler.plan.program`; which passes run, and how their outputs become the
 gradients autograd expects, is decided here, once for every target.
 
 A *target* is a module of a compiled engine (:mod:`lazykern.cpu.reductions`,
