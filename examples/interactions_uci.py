@@ -6,8 +6,8 @@ r"""What an additive GP with interactions learned on a UCI dataset: order shares
 Trains an exact GP with an orthogonal additive kernel (OAK, default) or a Newton–Girard additive
 kernel over interaction orders 1..R on a random training subset (lazykern's recipe: dimension-aware
 lengthscales, L-BFGS to convergence), prints the test RMSE, the share of variance of each interaction
-order (Sobol indices for OAK) and the inputs that matter most, and saves the component plot
-(posterior mean ± 2σ of each first-order component, order and input shares) to
+order and the inputs ranked by total effect (:func:`lazykern.components.report_lines`, as ``lazykern uci``
+prints them), and saves the component plot (:func:`lazykern.components.plot_components`) to
 ``FOLDER/components_DATASET_KERNEL.png``.
 """
 
@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from _common import load
-from lazykern.regression import fit_evaluate, plot_components
+from lazykern.components import plot_components, report_lines
+from lazykern.regression import fit_evaluate
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("dataset", nargs="?", default="kin40k")
@@ -34,17 +35,9 @@ result = fit_evaluate(data.train_x, data.train_y, data.test_x, data.test_y, kern
                       max_degree=args.max_degree, y_scale=data.y_std, max_cholesky_size=args.n_train, progress=False)
 print(f"{args.dataset}: n_train={data.n_train}, d={data.d}, kernel={args.kernel} (orders 1..{result.max_degree})")
 print(f"test RMSE {result.rmse:.4f}, NLPD {result.nlpd:.4f} (standardized units)")
-kind = "Sobol indices" if result.analysis_kind == "sobol" else "variance of each order's posterior-mean component"
-print(f"variance share by interaction order ({kind}):")
-for order, share in enumerate(result.order_shares, start=1):
-    print(f"  order {order}: {share:.3f}  {'#' * round(40 * share)}")
-analysis = result.analysis
-effects = analysis.total_effects if analysis.total_effects is not None else analysis.dimension_shares
-ranked = torch.argsort(effects, descending=True)[:5].tolist()
-label = "total effect" if analysis.total_effects is not None else "first-order share"
-print(f"inputs with the largest {label}: " + ", ".join(f"x{d} ({float(effects[d]):.2f})" for d in ranked))
+print("\n".join(report_lines(result.to_dict())))  # as `lazykern uci` prints them
 args.out.mkdir(parents=True, exist_ok=True)
 title = f"{args.dataset}: {args.kernel}, orders 1..{result.max_degree}"
-path = plot_components(result, args.out / f"components_{args.dataset}_{args.kernel}.png", x_mean=data.x_mean,
-                       x_std=data.x_std, y_std=data.y_std, title=title)
+path = plot_components(result.analysis, args.out / f"components_{args.dataset}_{args.kernel}.png", x_mean=data.x_mean,
+                       x_std=data.x_std, y_mean=data.y_mean, y_std=data.y_std, title=title)
 print(f"wrote {path}")

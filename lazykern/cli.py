@@ -461,7 +461,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
 
     import torch
 
-    from .components import plot_components, summary
+    from .components import plot_components
     from .regression import fit_evaluate, gaussian_metrics
 
     report = sys.stderr if _json_to_stdout(args.json) else out
@@ -492,8 +492,6 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
                       "nlpd_original": nlpd + math.log(data.y_std)}
     record = {"dataset": data.name, "split": data.split, "seed": args.seed, "tolerance": args.tolerance,
               **results[0].to_dict(), "mean_predictor": mean_predictor}
-    if results[0].analysis is not None:  # total effects and their standard errors beside the shares
-        record.update(summary(results[0].analysis))
     if args.compare:
         record["compare"] = [r.to_dict() for r in results[1:]]
     print(_report(record), file=report)

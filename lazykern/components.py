@@ -214,7 +214,7 @@ def _first_order(kernel: Kernel, outer: Tensor | float, t: Tensor, x: Tensor):
     transformed on its own would be shifted against the training inputs."""
     d = kernel.num_dims
     if isinstance(kernel, OrthogonalAdditiveKernel):
-        sides = kernel._inputs(t, x)[:2]  # (*, 5D): [u, g(u), a(u), log a(u), m]
+        sides = kernel.formula_arguments(t, x)[:2]  # (*, 5D): [u, g(u), a(u), log a(u), m]
         sides = [side.reshape(side.shape[0], 5, d).permute(2, 0, 1) for side in sides]  # (D, *, 5)
         formula, params = InteractionFormula(StationaryFormula("rbf"), 1, kind="orthogonal"), {}
     else:

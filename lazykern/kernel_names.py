@@ -36,7 +36,7 @@ INTERACTION_KERNELS: tuple[str, ...] = ("additive-ng", "oak")
 
 COMPONENT_KERNELS: tuple[str, ...] = ("additive-rbf", "additive-matern52", *INTERACTION_KERNELS)
 """The kernels made of additive components, for which a trained model's order and dimension shares
-and its component plot (:func:`lazykern.regression.plot_components`, ``--plot``) exist."""
+and its component plot (:func:`lazykern.components.plot_components`, ``--plot``) exist."""
 
 GPYTORCH_KERNELS: tuple[str, ...] = ("gpytorch-rbf-ard",)
 """GPyTorch's own kernels among :data:`KERNELS`, for which nothing of lazykern's is compiled

@@ -11,6 +11,7 @@ from linear_operator.utils.errors import NotPSDError
 
 import lazykern
 from lazykern import regression, settings
+from lazykern.components import plot_components
 from lazykern.regression import build_model, fit_evaluate, initialize, make_kernel, train
 
 
@@ -165,12 +166,11 @@ def test_fit_evaluate_reports_shares_and_plots(name, kind, orders, tmp_path):
     record = result.to_dict()
     assert record["analysis_kind"] == kind and record["optimizer"] == "auto" and record["optimizer_used"] == "lbfgs"
     if kind is None:
-        assert record["order_shares"] is None
-        with pytest.raises(ValueError, match="no component analysis for kernel 'rbf-ard'"):
-            regression.plot_components(result, tmp_path / "c.png")
+        assert record["order_shares"] is None and record["total_effects"] is None and result.analysis is None
         return
     assert len(record["order_shares"]) == orders and abs(sum(record["order_shares"]) - 1) < 1e-9
     assert len(record["dimension_shares"]) == 3
     assert record["max_degree"] == (orders if name != "additive-rbf" else None)
-    path = regression.plot_components(result, tmp_path / "c.png", title=name)
+    assert len(record["total_effects"]) == 3 and record["total_effects_kind"] is not None
+    path = plot_components(result.analysis, tmp_path / "c.png", title=name)
     assert path.stat().st_size > 0

@@ -43,8 +43,7 @@ Example:
 
 
 from ..kernel_names import DEFAULT_KERNEL, KERNELS
-from .evaluation import PeakMemory, RegressionResult, fit_evaluate, gaussian_metrics, hyperparameters, \
-    plot_components, predict
+from .evaluation import PeakMemory, RegressionResult, fit_evaluate, gaussian_metrics, hyperparameters, predict
 from .model import DEFAULT_MAX_DEGREE, INITIAL_NOISE, TOP_ORDER_SHARE, ExactGPRegressor, build_model, initialize, \
     make_kernel
 from .training import ADAM_PLATEAU_WINDOW, OPTIMIZERS, TrainingLog, resolve_optimizer, to_float64, train
@@ -70,6 +69,5 @@ __all__ = [
     "gaussian_metrics",
     "hyperparameters",
     "fit_evaluate",
-    "plot_components",
     "PeakMemory",
 ]

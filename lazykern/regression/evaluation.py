@@ -13,7 +13,6 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import gpytorch
@@ -22,14 +21,13 @@ from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor
 
 from .. import kernels as lazy_kernels
-from ..kernel_names import COMPONENT_KERNELS, DEFAULT_KERNEL
+from ..kernel_names import DEFAULT_KERNEL
 from ..ntk.throughput import synchronize
 from ..validation import check_floating_matrix, check_non_negative_int, check_positive_number
 from .model import build_model
 from .training import NUMERICAL_FAILURES, resolve_optimizer, to_float64, train
 
-__all__ = ["PeakMemory", "RegressionResult", "fit_evaluate", "gaussian_metrics", "hyperparameters", "plot_components",
-           "predict"]
+__all__ = ["PeakMemory", "RegressionResult", "fit_evaluate", "gaussian_metrics", "hyperparameters", "predict"]
 
 
 def predict(
@@ -181,13 +179,14 @@ class RegressionResult:
         computed_dtype: the dtype the model ended in (``"float64"`` when the recipe had to move a
             float32 model there).
         hyperparameters: final hyperparameters (see :func:`hyperparameters`).
-        order_shares: share of variance of each interaction order (see
-            :func:`lazykern.components.component_analysis`), ``None`` for non-additive kernels.
-        dimension_shares: share of variance of each input's first-order component, or ``None``.
-        analysis_kind: ``"sobol"``, ``"empirical"`` or ``None``.
+        order_shares, dimension_shares, total_effects, total_effects_se, analysis_kind,
+            total_effects_kind: what the model learned, from
+            :func:`lazykern.components.component_analysis` (:func:`lazykern.components.summary`'s
+            fields: each interaction order's share, each input's first-order share and total
+            effect); ``None`` for kernels without additive components.
         model, likelihood: the trained modules (not part of ``to_dict``).
         analysis: the :class:`lazykern.components.ComponentAnalysis` (not part of ``to_dict``),
-            for :func:`plot_components`.
+            for :func:`lazykern.components.plot_components`.
     """
 
     kernel: str
@@ -220,7 +219,10 @@ class RegressionResult:
     hyperparameters: dict[str, Any]
     order_shares: list[float] | None
     dimension_shares: list[float] | None
+    total_effects: list[float] | None
+    total_effects_se: list[float] | None
     analysis_kind: str | None
+    total_effects_kind: str | None
     model: gpytorch.models.ExactGP = field(repr=False)
     likelihood: gpytorch.likelihoods.Likelihood = field(repr=False)
     analysis: Any = field(repr=False, default=None)
@@ -229,6 +231,11 @@ class RegressionResult:
         """Every measured field (everything but the modules and the analysis), JSON-serializable."""
         return {k: v for k, v in vars(self).items() if k not in ("model", "likelihood", "analysis")}
 
+
+
+#: The fields of :func:`lazykern.components.summary` a result carries.
+_LEARNED = ("order_shares", "dimension_shares", "total_effects", "total_effects_se", "analysis_kind",
+            "total_effects_kind")
 
 
 def fit_evaluate(
@@ -265,7 +272,8 @@ def fit_evaluate(
             ``gpytorch.settings.max_cholesky_size`` as it is (GPyTorch's default: 800).
         analyze: for additive and interaction kernels, run
             :func:`lazykern.components.component_analysis` after training (order and dimension
-            shares in the result, the analysis for :func:`plot_components`).
+            shares and total effects in the result, the analysis for
+            :func:`lazykern.components.plot_components`).
         progress: show a progress bar during training.
 
     Example:
@@ -308,12 +316,13 @@ def fit_evaluate(
         synchronize(device)
         predict_seconds = time.perf_counter() - start
     rmse, nlpd = gaussian_metrics(mean, variance, test_y.to(mean))
-    analysis = None
+    analysis, learned = None, dict.fromkeys(_LEARNED)
     if analyze and _analyzable(model.covar_module):
-        from ..components import component_analysis
+        from ..components import component_analysis, summary
 
         with gpytorch.settings.max_cholesky_size(max_cholesky_size):
             analysis = component_analysis(model)
+        learned = summary(analysis)
     inner = model.covar_module.base_kernel if isinstance(model.covar_module, ScaleKernel) else model.covar_module
     return RegressionResult(
         kernel=kernel if isinstance(kernel, str) else type(kernel).__name__,
@@ -344,9 +353,7 @@ def fit_evaluate(
         interventions=log.interventions,
         computed_dtype=str(model.train_inputs[0].dtype).removeprefix("torch."),
         hyperparameters=hyperparameters(model),
-        order_shares=None if analysis is None else analysis.order_shares.tolist(),
-        dimension_shares=None if analysis is None else analysis.dimension_shares.tolist(),
-        analysis_kind=None if analysis is None else analysis.kind,
+        **learned,
         model=model,
         likelihood=likelihood,
         analysis=analysis,
@@ -356,34 +363,3 @@ def fit_evaluate(
 def _analyzable(covar: Kernel) -> bool:
     inner = covar.base_kernel if isinstance(covar, ScaleKernel) else covar
     return isinstance(inner, lazy_kernels.AdditiveStructureKernel) and not inner.batch_shape
-
-
-def plot_components(
-    result: RegressionResult,
-    path: str | Path,
-    *,
-    x_mean: Tensor | None = None,
-    x_std: Tensor | None = None,
-    y_std: float = 1.0,
-    names: list[str] | None = None,
-    title: str | None = None,
-) -> Path:
-    """Save the component plot of a :func:`fit_evaluate` result (additive and interaction kernels).
-
-    Args:
-        result: from :func:`fit_evaluate` with ``analyze=True``.
-        path: image file to write (format from the suffix).
-        x_mean, x_std, y_std: draw in original units (e.g. from a :class:`lazykern.data.UCISplit`).
-        names: one name per input dimension.
-        title: figure title.
-
-    Example:
-        >>> plot_components(result, "pol.png", x_mean=data.x_mean, x_std=data.x_std,
-        ...                 y_std=data.y_std, title="pol")  # doctest: +SKIP
-    """
-    from ..components import plot_components as plot
-
-    if result.analysis is None:
-        raise ValueError(f"no component analysis for kernel {result.kernel!r}: plot_components needs an additive "
-                         f"or interaction kernel ({', '.join(COMPONENT_KERNELS)}) and analyze=True")
-    return plot(result.analysis, path, names=names, x_mean=x_mean, x_std=x_std, y_std=y_std, title=title)
