@@ -17,7 +17,7 @@ from scipy.spatial.distance import cdist
 from lazykern.data import DATASETS, DownloadError, fetch_uci, load_uci, locate_uci, synthetic_additive
 from lazykern.data.checksums import SHA256
 
-from .conftest import FILES, read_raw
+from .conftest import FILES, read_raw, write_uci_fixture
 
 
 def original_x(data, x: torch.Tensor) -> np.ndarray:
@@ -56,6 +56,21 @@ def test_standardized_with_training_statistics(uci_fixture):
     np.testing.assert_array_equal(data.train_x.numpy()[:, ~varying], 0.0)
     assert float(data.train_y.mean()) == pytest.approx(0.0, abs=1e-10)
     assert float(data.train_y.std(unbiased=False)) == pytest.approx(1.0, rel=1e-10)
+
+
+def test_an_input_constant_in_training_is_divided_by_one_not_by_its_rounding(tmp_path):
+    # elevators' columns 14 and 16: -1.8073e-08 in all but 3 of 16,599 rows. The float64 std of the
+    # constant training values is 3e-24 (the mean's rounding), and dividing by it made a test value
+    # 1e-4 away a standardized 1e20, where OAK's predictive variance overflowed to inf.
+    write_uci_fixture(tmp_path, {"yacht": (200, 6)})
+    raw, mask = read_raw(tmp_path / "yacht")
+    raw[:, 1] = -1.8073e-08
+    first_test = int(np.flatnonzero(mask[:, 0])[0])
+    raw[first_test, 1] = 9.9982e-05
+    np.savetxt(tmp_path / "yacht" / "data.csv.gz", raw, delimiter=",", fmt="%.10g")
+    data = load_uci("yacht", split=0, data_dir=tmp_path, dtype=torch.float64)
+    assert data.x_std[1] == 1.0 and data.x_mean[1] == pytest.approx(-1.8073e-08, rel=1e-12)
+    assert data.train_x[:, 1].abs().max() < 1e-20 and data.test_x[0, 1] == pytest.approx(1e-4, rel=1e-3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
