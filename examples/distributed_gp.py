@@ -19,6 +19,7 @@ import os
 import socket
 import time
 
+import lazykern  # noqa: F401 - before GPyTorch imports KeOps, whose CUDA notice lazykern keeps off stdout
 import gpytorch
 import torch
 import torch.distributed as dist
