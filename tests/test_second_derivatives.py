@@ -77,10 +77,15 @@ def test_gradgradcheck_through_the_kernel_product(kind, engine, cross):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ["newton-girard"])
 def test_gradgradcheck_on_keops(kind):
     """KeOps' product with the torch engine's second derivatives (KeOps' autodiff cannot
-    differentiate the vector-Jacobian product of lazykern's recurrence node)."""
+    differentiate the vector-Jacobian product of lazykern's recurrence node).
+
+    One formula, the recurrence's: the path (KeOps' first derivatives from its kept graph, every
+    higher one from the torch engine) is the same for every formula, and each family's second
+    derivatives are checked on the CPU and torch engines above. The four families on KeOps cost
+    3 minutes of KeOps compiles in a cold suite (OAK alone 78 s)."""
     _gradgradcheck(kind, "keops", cross=False, n=3)
     _gradgradcheck(kind, "keops", cross=True, n=3, m=3)
 
