@@ -125,6 +125,21 @@ def run(net, x, path):
 
 if __name__ == "__main__":
     torch.set_num_threads(1)  # as the test's own runs: BLAS may round otherwise with other thread counts
+    if "--wait-after-5" in sys.argv:
+        # The interrupted run waits for its signal once 5 tiles are recorded: the job's 36 tiles take
+        # a fraction of a second, and a test process descheduled that long on a busy machine (a cold
+        # suite) found the job finished before it could signal it.
+        import time
+        from lazykern.ntk import stream
+
+        write = stream._Destination.write_record
+
+        def write_then_wait(self, record):
+            write(self, record)
+            if len(record["done"]) >= 5:
+                time.sleep(600)
+
+        stream._Destination.write_record = write_then_wait
     run(*make(), sys.argv[1])
 """
 
@@ -142,8 +157,8 @@ def _job(tmp_path: Path):
 def _interrupt(script: Path, path: Path, sig: int) -> int:
     """Start the job, send ``sig`` once it has recorded a few tiles; returns the tiles recorded."""
     record = Path(str(path) + RECORD_SUFFIX)
-    proc = subprocess.Popen([sys.executable, str(script), str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, str(script), str(path), "--wait-after-5"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:
