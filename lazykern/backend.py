@@ -105,11 +105,7 @@ def _warn_once(message: str) -> None:
 
 def _triton_runs(formula: Formula | None, x1: Tensor | None, x2: Tensor | None, params: Mapping[str, Tensor]) -> bool:
     """Whether lazykern's Triton engine runs here (and takes ``formula``, when one is given)."""
-    try:
-        from . import triton as triton_engine
-    except ImportError:  # Triton (or its lazykern engine) is not installed
-        return False
-    if not triton_engine.available():
+    if not triton_engine.available():  # Triton not installed, or neither a GPU nor its interpreter
         return False
     return formula is None or triton_engine.supports(formula, x1, x2, params)
 
