@@ -124,11 +124,16 @@ def run(net, x, path):
 
 
 if __name__ == "__main__":
+    import signal
+
+    # Ctrl-C as in a terminal: a test run started in the background of a non-interactive shell
+    # (`pytest &`, nohup, some CI scripts) passes SIGINT down ignored, and Python then installs no
+    # KeyboardInterrupt handler: the job slept through its SIGINT in such runs.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     torch.set_num_threads(1)  # as the test's own runs: BLAS may round otherwise with other thread counts
     if "--wait-after-5" in sys.argv:
         # The interrupted run waits for its signal once 5 tiles are recorded: the job's 36 tiles take
-        # a fraction of a second, and a test process descheduled that long on a busy machine (a cold
-        # suite) found the job finished before it could signal it.
+        # a fraction of a second, less than the test process may be descheduled on a busy machine.
         import time
         from lazykern.ntk import stream
 
