@@ -2,9 +2,9 @@
 
 Every structure runs on the torch and CPU engines (the combinatorics); KeOps, which compiles each
 formula and each of its gradients for 5-15 s, runs the product and the fused gradient of K(X, X)
-(the path of GP training on a GPU) of one formula summing every family's additive kernel and two
-full-dimensional ones (the exponential profile and a Matérn), with KeOps' own autograd checked on
-one formula."""
+(the path of GP training on a GPU) of every family's additive formula and of two full-dimensional
+ones (the exponential profile and a Matérn), all in one formula, their sum, with KeOps' own autograd
+checked on one formula."""
 
 from __future__ import annotations
 
@@ -261,37 +261,41 @@ def test_float32_matches_float64():
         assert_close(out.double(), expected.detach(), rtol=1e-5)
 
 
+#: The terms of the one formula the KeOps tests below share: every family's additive kernel
+#: (component scales, per-dimension lengthscales) and two full-dimensional ones.
+KEOPS_TERMS = [(f, "additive-ard-scales") for f in FAMILIES] + [("rbf", "full-ard"), ("matern1.5", "full-ard")]
+
+
+@pytest.mark.parametrize("family, structure", KEOPS_TERMS)
 @pytest.mark.slow
-def test_keops_product_and_fused_gradient_of_every_family(monkeypatch):
-    """Every formula family on KeOps as GP training runs it, in one formula: the sum of each
-    family's additive kernel (component scales, per-dimension lengthscales) and two
-    full-dimensional ones (the exponential profile and a Matérn). K(X, X) @ V against the dense
-    reference, and its gradient (X through both sides, every hyperparameter: each term has its own,
-    so each family's derivatives are checked one by one) in one fused reduction against the torch
-    engine's (checked against the reference above; the reference's own gradient is NaN where a
-    Matérn distance is 0, on the diagonal). One formula is two KeOps compiles where a formula per
-    family was sixteen: 14 s against 91 s, measured from an empty cache."""
+def test_keops_product_and_fused_gradient(family, structure, monkeypatch):
+    """Each formula family on KeOps as GP training runs it: K(X, X) @ V against the dense reference,
+    and its gradient (X through both sides, every hyperparameter) in one fused reduction against the
+    torch engine's (checked against the reference above; the reference's own gradient is NaN where
+    a Matérn distance is 0, on the diagonal). Every case runs the same formula, the sum of all
+    :data:`KEOPS_TERMS`, and checks its own term's hyperparameters: one formula is two KeOps
+    compiles where a formula per family was sixteen (14 s against 91 s from an empty cache)."""
     from lazykern import backend
 
     fused_calls = []
     fused = backend.symmetric_gradients
     monkeypatch.setattr(backend, "symmetric_gradients", lambda *a: fused_calls.append(1) or fused(*a))
-    terms = [make_kernel(f, "additive-ard-scales") for f in FAMILIES]
-    terms += [make_kernel("rbf", "full-ard"), make_kernel("matern1.5", "full-ard")]
+    terms = [make_kernel(*term) for term in KEOPS_TERMS]
     kernel = sum(terms[1:], terms[0])
+    term = terms[KEOPS_TERMS.index((family, structure))]
     x = torch.randn(N, D, dtype=torch.float64, requires_grad=True)
     rhs = torch.randn(N, 2, dtype=torch.float64)
     weights = torch.randn(N, 2, dtype=torch.float64)
-    params = list(kernel.parameters())
+    params = list(term.parameters())
     with settings.engine("keops"), settings.max_dense_bytes(0):
         out = kernel(x, x) @ rhs
         grads = _grads(out, weights, [x, *params])
     assert fused_calls == [1]
-    assert_close(out, sum(reference_of(term, x, x) for term in terms) @ rhs)
+    assert_close(out, sum(reference_of(t, x, x) for t in terms) @ rhs)
     with settings.engine("torch"), settings.max_dense_bytes(0):
-        expected = _grads(kernel(x, x) @ rhs, weights, [x, *params])
-    assert len(grads) == 1 + sum(len(list(term.parameters())) for term in terms)
-    for g, e in zip(grads, expected):
+        expected = _grads(term(x, x) @ rhs, weights, params)
+        expected_x = _grads(kernel(x, x) @ rhs, weights, [x])
+    for g, e in zip(grads, [*expected_x, *expected]):
         assert torch.isfinite(g).all()
         assert_close(g, e)
 
