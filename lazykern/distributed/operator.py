@@ -10,7 +10,6 @@ import torch
 import torch.distributed as dist
 from gpytorch.lazy import LazyEvaluatedKernelTensor
 from linear_operator.operators import LinearOperator
-from linear_operator.utils.getitem import _is_noop_index
 from torch import Tensor
 
 from ..validation import check_process_group
@@ -183,7 +182,7 @@ class ShardedOperator(LinearOperator):
         return self.base._get_indices(row_index, col_index, *batch_indices)
 
     def _getitem(self, row_index: Any, col_index: Any, *batch_indices: Any) -> LinearOperator:
-        if _is_noop_index(row_index) and _is_noop_index(col_index):
+        if _whole(row_index) and _whole(col_index):
             return super()._getitem(row_index, col_index, *batch_indices)  # batch selection: stays sharded
         # a few rows (preconditioners) or a sub-block: cheaper evaluated locally than gathered
         return self.base._getitem(row_index, col_index, *batch_indices)
@@ -246,3 +245,8 @@ def shard(op: LinearOperator, group: dist.ProcessGroup | None = None) -> Sharded
         raise ValueError(f"group uses the nccl backend, which needs CUDA tensors, but op is on {op.device}; use gloo for CPU")
     check_same_on_all_ranks(named_representation(op), op.shape, group)
     return ShardedOperator(op, group=group)
+
+
+def _whole(index: Any) -> bool:
+    """Whether a row or column index selects everything (``:``)."""
+    return isinstance(index, slice) and index == slice(None)
