@@ -159,11 +159,22 @@ def test_declines_what_it_cannot_run():
 
 
 # ---------------------------------------------------------------------------- as users reach it
+ADDITIVE_BASES = {"rbf": lazykern.RBFKernel, "rq": lazykern.RQKernel, "periodic": lazykern.PeriodicKernel}
+
+
 def _kernel(kind: str, batch_shape=torch.Size()):
     """A D = 3 kernel with distinct hyperparameters per dimension."""
     ls = torch.linspace(0.6, 1.7, D, dtype=DT)
-    if kind == "matern-additive":
-        base = lazykern.MaternKernel(nu=2.5, ard_num_dims=D, batch_shape=batch_shape)
+    if kind.endswith("-additive"):
+        family = kind.removesuffix("-additive")
+        kw = dict(ard_num_dims=D, batch_shape=batch_shape)
+        base = lazykern.MaternKernel(nu=2.5, **kw) if family == "matern" else ADDITIVE_BASES[family](**kw)
+        base = base.double()
+        base.lengthscale = ls.expand_as(base.lengthscale)
+        if family == "rq":
+            base.alpha = torch.full_like(base.alpha, 1.3)
+        if family == "periodic":
+            base.period_length = torch.linspace(1.1, 2.3, D, dtype=DT).expand_as(base.period_length)
         kernel = lazykern.AdditiveStructureKernel(base, num_dims=D, component_scales=True).double()
         kernel.component_scales = torch.linspace(0.5, 2.0, D, dtype=DT).expand_as(kernel.component_scales)
     elif kind == "product":
@@ -201,12 +212,15 @@ def _reference(kernel, x1, x2):
         return reference.kernel("rbf", x1, x2, rbf.lengthscale, additive=False) * reference.kernel(
             "periodic", x1, x2, periodic.lengthscale, additive=False, period=periodic.period_length)
     if isinstance(kernel, lazykern.AdditiveStructureKernel) and not hasattr(kernel, "max_degree"):
-        return reference.kernel("matern", x1, x2, kernel.base_kernel.lengthscale, additive=True,
-                                scales=kernel.component_scales, nu=2.5)
+        base = kernel.base_kernel
+        return reference.kernel(type(base).__name__.removesuffix("Kernel").lower(), x1, x2, base.lengthscale,
+                                additive=True, scales=kernel.component_scales, nu=getattr(base, "nu", None),
+                                alpha=getattr(base, "alpha", None), period=getattr(base, "period_length", None))
     return interactions.reference_of(kernel, x1, x2)
 
 
-KINDS = ["matern-additive", "newton-girard", "orthogonal", "group", "product"]
+KINDS = ["rbf-additive", "matern-additive", "rq-additive", "periodic-additive", "newton-girard", "orthogonal", "group",
+         "product"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
