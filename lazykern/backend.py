@@ -40,6 +40,7 @@ Formula = Callable[..., object]
 __all__ = [
     "elementwise",
     "engine_for",
+    "symbolic_engine",
     "engine_report",
     "fold_columns",
     "pairwise_dense",
@@ -86,7 +87,30 @@ def engine_for(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Te
         return "torch"
     if not on_gpu:
         return "keops"
-    health = keops_cuda.health(x1.device)
+    return _gpu_engine(x1.device, formula, x1, x2, params)
+
+
+def symbolic_engine(device: torch.device | str) -> str:
+    """The engine of a symbolic reduction that its caller has already decided to run symbolically
+    rather than by BLAS (the NTK's ``"keops"`` backend, whose formulas declare a ``pair_width``
+    and so get the torch engine under ``"auto"``): KeOps off a GPU; on a CUDA device the choice of
+    :func:`engine_for`, KeOps where it passes its health check, else the Triton engine where it
+    runs, else the torch engine (one warning names KeOps' problem and the engine used).
+
+    Example:
+        >>> from lazykern import backend
+        >>> backend.symbolic_engine("cpu")
+        'keops'
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "keops"
+    return _gpu_engine(device, None, None, None, {})
+
+
+def _gpu_engine(device: torch.device, formula: Formula | None, x1: Tensor | None, x2: Tensor | None,
+                params: Mapping[str, Tensor]) -> str:
+    health = keops_cuda.health(device)
     if health.ok:
         return "keops"
     engine = "triton" if _triton_runs(formula, x1, x2, params) else "torch"

@@ -306,3 +306,18 @@ def test_gpu_benchmark_driver_runs_tiny_on_cpu(tmp_path):
     assert cells[0]["report"].startswith("cpu: engine 'auto'")
     assert "| krr_cg | lazykern-cpu | 256 |" in (tmp_path / "tiny.md").read_text()
     assert subprocess.run(["bash", "-n", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu.sh")]).returncode == 0
+
+
+def test_symbolic_reductions_of_the_ntk_take_the_gpu_engine_choice(gpu_stack):
+    """The NTK's ``"keops"`` backend (and its throughput probe) runs where engine_for would send a
+    symbolic reduction: on a GPU whose KeOps crashes its health check, the Triton engine."""
+    from lazykern.ntk import products
+
+    assert backend.symbolic_engine("cpu") == "keops"  # CPUs: unchanged
+    gpu_stack.probe(CRASH)
+    with pytest.warns(RuntimeWarning, match="health check; using the triton engine instead"):
+        assert backend.symbolic_engine(gpu_stack.device) == "triton"
+    with products.engine("keops", gpu_stack.device):
+        assert settings.engine.value() == "triton"
+    with products.engine("dense", gpu_stack.device):
+        assert settings.engine.value() == "torch"

@@ -288,6 +288,23 @@ def test_backend_dispatches_forced_triton(launches):
     assert len(launches) == 1 and build.interpreted()
 
 
+def test_ntk_symbolic_product_runs_on_the_triton_engine(launches, monkeypatch):
+    """The NTK's symbolic backend (``"keops"``) on the engine :func:`lazykern.backend.symbolic_engine`
+    picks: where that is Triton (a GPU whose KeOps fails its health check; here the interpreter),
+    the trace and full products of pairwise (implicit) layer terms equal the dense backend's."""
+    from lazykern.ntk import empirical_ntk
+
+    monkeypatch.setattr(backend, "symbolic_engine", lambda device: "triton")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)).double()
+    x = torch.randn(6, 3, dtype=DT)
+    for mode, rows in (("trace", 6), ("full", 12)):
+        v = torch.randn(rows, 2, dtype=DT)
+        lazy = empirical_ntk(net, x, mode=mode, backend="keops", forms="implicit") @ v
+        assert_close(lazy, empirical_ntk(net, x, mode=mode, backend="dense").to_dense() @ v)
+    assert launches, "nothing ran on the Triton engine"
+
+
 @pytest.mark.slow
 def test_generated_kernels_compile_for_a_gpu():
     """The interpreter runs what Triton's compiler may reject: the passes of a product, its backward

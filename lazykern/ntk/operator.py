@@ -432,9 +432,10 @@ def empirical_ntk(
         x2: ``(N2, *sample_shape)`` inputs (columns); ``None`` means ``x1`` (features shared).
         mode: ``"full"``: shape ``(N1 k, N2 k)``, row ``i k + o``; ``"trace"``: ``(N1, N2)``,
             :math:`\sum_o \Theta_{oo}`.
-        backend: ``"keops"`` (symbolic KeOps reductions over features), ``"dense"`` (the chunked
-            torch engine), ``"linearized"`` (:math:`J (J^\top v)` through the network, for
-            products) or ``"auto"`` (per product, from throughputs measured on the device:
+        backend: ``"keops"`` (symbolic reductions over features: KeOps, or on a GPU where KeOps
+            fails its health check lazykern's Triton engine: :func:`lazykern.backend.symbolic_engine`),
+            ``"dense"`` (the chunked torch engine), ``"linearized"`` (:math:`J (J^\top v)` through
+            the network, for products) or ``"auto"`` (per product, from throughputs measured on the device:
             :func:`~lazykern.ntk.choose_backend`).
         forms: ``None`` (cost rule), ``"implicit"`` or ``"explicit"`` (for every layer that has
             that form), or a mapping from layer names (``"features.0"``, or a piece such as

@@ -2,7 +2,8 @@ r"""NTK blocks, products, diagonals and entries from per-layer features, on the 
 
 Every pairwise sum runs through :mod:`lazykern.backend` (``pairwise_matmul``, ``pairwise_dense``,
 ``elementwise``) with an :class:`~lazykern.formulas.ntk.NTKFormula` over concatenated row features;
-the NTK backend ``"keops"`` or ``"dense"`` selects backend's KeOps or chunked torch engine. Rows are:
+the NTK backend ``"keops"`` or ``"dense"`` selects the engine of symbolic reductions (KeOps, or on a GPU
+where KeOps fails its health check the Triton engine) or the chunked torch engine. Rows are:
 
 * trace mode: (sample, token), features :math:`[a_t \mid \operatorname{vec}_o g_{o,t}]` per term; the
   sum over token pairs is the sum of the row results over each sample's tokens;
@@ -36,9 +37,11 @@ from .terms import Explicit, Implicit, Sparse, Term, index_terms, num_samples
 
 __all__ = ["engine", "dense", "matmul", "diagonal", "entries"]
 
-def engine(name: str) -> contextlib.AbstractContextManager:
-    """The backend engine of an NTK backend: KeOps for ``"keops"``, the chunked torch engine else."""
-    return settings.engine("keops" if name == "keops" else "torch")
+def engine(name: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The backend engine of an NTK backend on ``device``: for ``"keops"``, the engine of symbolic
+    reductions there (:func:`lazykern.backend.symbolic_engine`: KeOps, or on a GPU where KeOps fails
+    its health check the Triton engine); the chunked torch engine else."""
+    return settings.engine(backend.symbolic_engine(device) if name == "keops" else "torch")
 
 
 def _outputs(terms: list[Term]) -> int:
@@ -215,7 +218,7 @@ def _dense_full_implicit(t1: Implicit, t2: Implicit, blocks: list[slice], add) -
 def matmul(f1: list[Term], f2: list[Term], rhs: Tensor, mode: str, engine_name: str) -> Tensor:
     r""":math:`\Theta V` with ``rhs`` ``(N2, C)`` (trace) or ``(N2 k, C)`` (full, row ``j k + o``).
 
-    Implicit terms run pairwise (always on KeOps, ``engine_name="keops"``) or factored through
+    Implicit terms run pairwise (always with ``engine_name="keops"``: see :func:`engine`) or factored through
     the layer's weight-gradient space, whichever :func:`~lazykern.ntk.rules.implicit_matmul_macs`
     predicts cheaper; explicit and sparse terms are low rank.
     """
@@ -245,7 +248,7 @@ def matmul(f1: list[Term], f2: list[Term], rhs: Tensor, mode: str, engine_name: 
         for t, idx in by_tokens.items():
             x1, formula = _rows([f1[i] for i in idx], mode, pad)
             x2, _ = _rows([f2[i] for i in idx], mode, pad)
-            with engine(engine_name):
+            with engine(engine_name, x1.device):
                 w = backend.pairwise_matmul(
                     formula, x1.reshape(n1 * t, -1), x2.reshape(n2 * t, -1), {}, rhs.repeat_interleave(t, dim=0)
                 )
@@ -258,7 +261,7 @@ def matmul(f1: list[Term], f2: list[Term], rhs: Tensor, mode: str, engine_name: 
         u = torch.einsum("jotH,joc->jtHc", t2.g, v).reshape(n2 * t, h * c)
         a1, formula = _rows([t1], mode, pad, with_g=False)
         a2, _ = _rows([t2], mode, pad, with_g=False)
-        with engine(engine_name):
+        with engine(engine_name, a1.device):
             w = backend.pairwise_matmul(formula, a1.reshape(n1 * t, -1), a2.reshape(n2 * t, -1), {}, u)
         out = out + torch.einsum("iotH,itHc->ioc", t1.g, w.view(n1, t, h, c))
     return out.reshape(n1 * k, c)

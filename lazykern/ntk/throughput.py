@@ -108,7 +108,7 @@ def _keops_rate(device: torch.device, dtype: torch.dtype) -> float:
     formula = NTKFormula((NTKPart((0, 16), (16, 32)),))
 
     def reduce() -> None:
-        with settings.engine("keops"):
+        with settings.engine(backend.symbolic_engine(device)):  # the engine the "keops" backend will run
             backend.pairwise_matmul(formula, x, x, {}, v)
 
     return _rate(n * n * 33, reduce, device)
