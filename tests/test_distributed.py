@@ -36,6 +36,7 @@ from lazykern.solvers import KernelRidge, PivotedCholeskyPreconditioner, cg
 
 from . import reference
 from .memory import _PRELUDE
+from .test_kernels import FAMILIES, make_base
 
 ROOT = Path(__file__).resolve().parents[1]
 N, M, D = 37, 11, 3
@@ -48,28 +49,11 @@ WORLD_SIZES = (2, 3)
 # own cg checks true residuals and keeps the best iterate: it needs no such cap).
 CG_STEPS = 5
 MEMORY_N = 3000  # a 3000 x 3000 float64 matrix is 68.7 MiB: per rank 34.3 MiB (2 ranks), 22.9 MiB (3)
-FAMILIES = ("rbf", "matern0.5", "matern1.5", "matern2.5", "rq", "periodic")
-
-
-def _base(family: str, ard: bool, batch_shape=torch.Size()) -> gpytorch.kernels.Kernel:
-    kw = dict(ard_num_dims=D if ard else None, batch_shape=batch_shape)
-    if family.startswith("matern"):
-        base = lazykern.MaternKernel(nu=float(family[len("matern"):]), **kw)
-    else:
-        base = {"rbf": lazykern.RBFKernel, "rq": lazykern.RQKernel, "periodic": lazykern.PeriodicKernel}[family](**kw)
-    base = base.double()
-    shape = base.raw_lengthscale.shape
-    base.lengthscale = torch.linspace(0.6, 1.7, shape[-1], dtype=torch.float64).expand(shape)
-    if family == "rq":
-        base.alpha = torch.full_like(base.alpha, 1.3)
-    if family == "periodic":
-        base.period_length = torch.linspace(1.1, 2.3, shape[-1], dtype=torch.float64).expand(shape)
-    return base
 
 
 def scaled_additive(lengthscale_shift: float = 0.0) -> gpytorch.kernels.Kernel:
     """outputscale * sum_d s_d k_rbf(x_d, x'_d / l_d): every lazykern hyperparameter kind at once."""
-    base = _base("rbf", ard=True)
+    base = make_base("rbf", ard=True)
     base.lengthscale = base.lengthscale + lengthscale_shift
     additive = lazykern.AdditiveStructureKernel(base, num_dims=D, component_scales=True).double()
     additive.component_scales = torch.linspace(0.5, 2.0, D, dtype=torch.float64).reshape(1, D)
@@ -80,7 +64,7 @@ def scaled_additive(lengthscale_shift: float = 0.0) -> gpytorch.kernels.Kernel:
 
 def gp_kernel() -> gpytorch.kernels.Kernel:
     """A full ARD and a weighted additive RBF kernel, each scaled: every kind of hyperparameter."""
-    full = _base("rbf", ard=True)
+    full = make_base("rbf", ard=True)
     full.lengthscale = 0.3 * full.lengthscale
     additive = scaled_additive()
     additive.base_kernel.base_kernel.lengthscale = 0.3 * additive.base_kernel.base_kernel.lengthscale
@@ -88,10 +72,10 @@ def gp_kernel() -> gpytorch.kernels.Kernel:
 
 
 def kernels() -> dict[str, gpytorch.kernels.Kernel]:
-    out = {"scaled-additive-rbf": scaled_additive(), "sum-rbf-matern": (_base("rbf", True) + _base("matern2.5", False))}
+    out = {"scaled-additive-rbf": scaled_additive(), "sum-rbf-matern": (make_base("rbf", True) + make_base("matern2.5", False))}
     for family in FAMILIES:
-        out[f"full-{family}"] = _base(family, ard=True)
-        out[f"additive-{family}"] = lazykern.AdditiveStructureKernel(_base(family, ard=False), num_dims=D).double()
+        out[f"full-{family}"] = make_base(family, ard=True)
+        out[f"additive-{family}"] = lazykern.AdditiveStructureKernel(make_base(family, ard=False), num_dims=D).double()
     return out
 
 
@@ -153,7 +137,7 @@ def evaluate(wrap, wrap_kernel) -> dict[str, torch.Tensor]:
             out[f"{name}/rectangular"] = (Kxz @ d["W"]).detach()
             out[f"{name}/transposed"] = (Kxz.mT @ d["V"]).detach()
 
-        batch = _base("rbf", ard=True, batch_shape=torch.Size([2]))
+        batch = make_base("rbf", ard=True, batch_shape=torch.Size([2]))
         xb = d["xb"].clone().requires_grad_(True)
         KVb = wrap(batch(xb)) @ d["Vb"]
         out["batch/matvec"] = KVb.detach()

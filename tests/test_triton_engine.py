@@ -38,6 +38,7 @@ from lazykern.triton import build, reductions  # noqa: E402
 from . import reference  # noqa: E402
 from . import test_cpu_engine as cases  # noqa: E402  (its helpers, not its tests)
 from . import test_interactions as interactions  # noqa: E402
+from . import test_kernels as kernel_cases  # noqa: E402
 from .test_cpu_engine import assert_close, grads  # noqa: E402
 
 DT = torch.float64
@@ -159,25 +160,12 @@ def test_declines_what_it_cannot_run():
 
 
 # ---------------------------------------------------------------------------- as users reach it
-ADDITIVE_BASES = {"rbf": lazykern.RBFKernel, "rq": lazykern.RQKernel, "periodic": lazykern.PeriodicKernel}
-
-
 def _kernel(kind: str, batch_shape=torch.Size()):
     """A D = 3 kernel with distinct hyperparameters per dimension."""
     ls = torch.linspace(0.6, 1.7, D, dtype=DT)
     if kind.endswith("-additive"):
-        family = kind.removesuffix("-additive")
-        kw = dict(ard_num_dims=D, batch_shape=batch_shape)
-        base = lazykern.MaternKernel(nu=2.5, **kw) if family == "matern" else ADDITIVE_BASES[family](**kw)
-        base = base.double()
-        base.lengthscale = ls.expand_as(base.lengthscale)
-        if family == "rq":
-            base.alpha = torch.full_like(base.alpha, 1.3)
-        if family == "periodic":
-            base.period_length = torch.linspace(1.1, 2.3, D, dtype=DT).expand_as(base.period_length)
-        kernel = lazykern.AdditiveStructureKernel(base, num_dims=D, component_scales=True).double()
-        kernel.component_scales = torch.linspace(0.5, 2.0, D, dtype=DT).expand_as(kernel.component_scales)
-    elif kind == "product":
+        return kernel_cases.make_kernel(kind.removesuffix("-additive"), "additive-ard-scales", batch_shape)
+    if kind == "product":
         rbf = lazykern.RBFKernel(ard_num_dims=D, batch_shape=batch_shape).double()
         periodic = lazykern.PeriodicKernel(ard_num_dims=D, batch_shape=batch_shape).double()
         periodic.period_length = torch.linspace(1.1, 2.3, D, dtype=DT).expand_as(periodic.period_length)
@@ -212,15 +200,12 @@ def _reference(kernel, x1, x2):
         return reference.kernel("rbf", x1, x2, rbf.lengthscale, additive=False) * reference.kernel(
             "periodic", x1, x2, periodic.lengthscale, additive=False, period=periodic.period_length)
     if isinstance(kernel, lazykern.AdditiveStructureKernel) and not hasattr(kernel, "max_degree"):
-        base = kernel.base_kernel
-        return reference.kernel(type(base).__name__.removesuffix("Kernel").lower(), x1, x2, base.lengthscale,
-                                additive=True, scales=kernel.component_scales, nu=getattr(base, "nu", None),
-                                alpha=getattr(base, "alpha", None), period=getattr(base, "period_length", None))
+        return kernel_cases.reference_of(kernel, x1, x2)
     return interactions.reference_of(kernel, x1, x2)
 
 
-KINDS = ["rbf-additive", "matern-additive", "rq-additive", "periodic-additive", "newton-girard", "orthogonal", "group",
-         "product"]
+KINDS = [*(f"{family}-additive" for family in ("rbf", "matern2.5", "rq", "periodic")), "newton-girard", "orthogonal",
+         "group", "product"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
