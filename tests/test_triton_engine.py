@@ -295,7 +295,8 @@ def test_generated_kernels_compile_for_a_gpu():
     """The interpreter runs what Triton's compiler may reject: the passes of a product, its backward
     pass over rows of x2, a one-tensor dense backward and the fused gradient of Newton-Girard
     (esym and its vector-Jacobian product) are compiled for sm_90 (H200) down to a cubin with the
-    ptxas Triton ships, no GPU needed: in a subprocess, since this one interprets."""
+    ptxas Triton ships, no GPU needed: in a subprocess, since this one interprets. The kernels do
+    not specialize on sizes or batch strides (one compile serves every size)."""
     script = """
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
@@ -313,7 +314,10 @@ for f, job, ps, want in [(rbf, "mm", s, ()), (rbf, "gradB", s, ("x", "scales", "
     n = len(red.operands())
     sig = {**{f"B{i}": "*fp64" for i in range(n)}, **{f"S{i}": "i32" for i in range(n)}, "N": "i32", "M": "i32",
            "C": "i32", "BLOCK_N": "constexpr", "BLOCK_M": "constexpr", "BLOCK_C": "constexpr", "DT": "constexpr"}
-    src = ASTSource(build.load(red), sig, {"BLOCK_N": BLOCK, "BLOCK_M": BLOCK, "BLOCK_C": 16, "DT": tl.float64})
+    kernel = build.load(red)
+    # one compile for every size: no specialization on sizes or batch strides
+    assert all(p.do_not_specialize == (p.name in ("N", "M", "C") or p.name.startswith("S")) for p in kernel.params)
+    src = ASTSource(kernel, sig, {"BLOCK_N": BLOCK, "BLOCK_M": BLOCK, "BLOCK_C": 16, "DT": tl.float64})
     options = {"enable_fp_fusion": False, "num_warps": NUM_WARPS}
     out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     assert out.asm["cubin"]

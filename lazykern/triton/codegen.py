@@ -22,7 +22,8 @@ of ``BLOCK_M``; every pair expression is one ``[BLOCK_N, BLOCK_M]`` block of reg
   kernels.
 
 Nothing of the size of the problem is compiled in (``N``, ``M``, ``C`` and the batch are runtime
-arguments), so one kernel serves every size. Buffer layouts (batch strides in elements, 0 for a
+arguments, and Triton is told not to specialize on them or on the batch strides), so one compiled
+kernel serves every size. Buffer layouts (batch strides in elements, 0 for a
 tensor shared by the batch): outer inputs ``(rows, width)``, inner inputs dimension-major
 ``(width, M)`` (loads along :math:`j` are contiguous), parameters ``(width,)``, outer column arrays
 ``(rows, C)``, inner ones ``(M, C)``, pair weights and dense outputs ``(rows, M)``, sums
@@ -281,8 +282,12 @@ class _Writer:
             "import triton",
             "import triton.language as tl",
         ]
+        # Sizes and batch strides are not specialized on: Triton would otherwise compile a variant
+        # per value class (equal to 1, divisible by 16) of each, 7-21 s apiece at d = 26 (a CG
+        # matvec with 11 columns and a prediction with 1 would be two compiles of the same pass).
+        unspecialized = [f"S{k}" for k in range(len(roles))] + ["N", "M", "C"]
         lines = head + [
-            "@triton.jit",
+            f"@triton.jit(do_not_specialize={unspecialized!r})",
             f"def {self.name}({', '.join(args)}, N, M, C,",
             "        BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, DT: tl.constexpr):",
             "    pid_n = tl.program_id(0)",

@@ -15,6 +15,7 @@ Tiles: :data:`BLOCK` x :data:`BLOCK` pairs per program and step, and column bloc
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 from typing import Callable, Mapping
@@ -87,7 +88,11 @@ def _launch(red: Reduction, buffers: dict[str, tuple[Tensor, int]], nb: int, n: 
         meta.update(num_warps=NUM_WARPS, enable_fp_fusion=False)
     grid = (triton.cdiv(n, BLOCK), nb, column_blocks)
     if n and m and nb and column_blocks:
-        kernel[grid](*[buffers[r][0] for r in roles], *[buffers[r][1] for r in roles], n, m, c, **meta)
+        tensors = [buffers[r][0] for r in roles]
+        # Triton launches on the current CUDA device: make it the tensors' (a model on cuda:1).
+        on_device = contextlib.nullcontext() if build.interpreted() else torch.cuda.device(tensors[0].device)
+        with on_device:
+            kernel[grid](*tensors, *[buffers[r][1] for r in roles], n, m, c, **meta)
     else:  # no pairs (or no columns): every sum is zero
         for r in roles:
             if r.startswith("out:"):
