@@ -360,7 +360,11 @@ read the same as before (0.151, 0.401) and pumadyn32nm moved from 0.215 to 0.216
 local optima of one starting point, not unfinished runs: restarting L-BFGS (a fresh history) where
 pol split 0 ended lowers its loss by 0.0002 and stops there, and pumadyn32nm split 0 trained in
 float64 from the same start ends at a third optimum (training loss -0.0496, RMSE 0.2200, against
--0.0475 and 0.2211 in float32 now and -0.0519 and 0.2178 before; measured 2026-12-02).
+-0.0475 and 0.2211 in float32 now and -0.0519 and 0.2178 before; measured 2026-12-02). Other
+starts do not settle it either: lengthscales started at half the recipe's reach a lower loss on pol
+split 0 (RMSE 0.1532) but a higher one on pumadyn32nm split 0 (RMSE 0.2236), and at twice the
+recipe's pumadyn32nm's fit collapses to the mean predictor; the best of the three by training loss
+would keep pumadyn32nm split 0 at 0.2211.
 
 {stepped_in}
 
