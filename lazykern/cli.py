@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gzip
 import importlib.util
 import json
 import math
@@ -512,17 +511,14 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
 
 def _dataset_dims(name: str, data_dir: Path | None, progress: bool) -> int:
     """The number of inputs of a UCI dataset, from the first row of its data (inputs, then the target)."""
-    from .data import DownloadError, locate_uci
+    from .data import locate_uci
+    from .data.checks import first_row
 
     try:
         path = locate_uci(name, data_dir, progress=progress) / "data.csv.gz"
-    except (DownloadError, ValueError, TypeError, OSError) as err:
+        columns = first_row(path).count(",") + 1
+    except (ValueError, TypeError, OSError) as err:  # DownloadError is an OSError, DataError a ValueError
         raise _UsageError(f"--dataset {name}: {err}") from None
-    try:
-        with gzip.open(path, "rt") as f:
-            columns = f.readline().count(",") + 1
-    except (ValueError, OSError, EOFError) as err:  # not gzip, cut short, not text
-        raise _UsageError(f"--dataset {name}: {path}, row 1: {err}; expected a gzip-compressed CSV file") from None
     if columns < 2:
         raise _UsageError(f"--dataset {name}: {path} has one column; expected inputs and a target")
     return columns - 1

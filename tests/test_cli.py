@@ -426,6 +426,22 @@ def test_precompile_reads_a_datasets_dimensions(uci_fixture):
         _dataset_dims("elevators", uci_fixture.root, progress=False)
 
 
+def test_precompile_names_a_damaged_dataset_in_one_line(tmp_path):
+    """A deflate stream damaged in its first block raised zlib.error, which the command did not catch."""
+    import gzip
+
+    from lazykern.cli import _dataset_dims, _UsageError
+
+    folder = tmp_path / "yacht"
+    folder.mkdir()
+    damaged = bytearray(gzip.compress(b"1,2,3\n" * 5000))
+    damaged[12:30] = b"\xff" * 18
+    (folder / "data.csv.gz").write_bytes(bytes(damaged))
+    (folder / "test_mask.csv.gz").write_bytes(gzip.compress(b"0\n"))
+    with pytest.raises(_UsageError, match=r"--dataset yacht: .*data.csv.gz: is damaged \(Error -3"):
+        _dataset_dims("yacht", tmp_path, progress=False)
+
+
 def test_report_reads_metrics_worse_than_the_mean_predictor():
     """One line per metric on which a model does no better than the mean predictor (yacht --compare
     printed an NLPD of 2.25 against the mean predictor's 1.46 without a word)."""

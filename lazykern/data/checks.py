@@ -35,7 +35,7 @@ import numpy as np
 
 from .layout import FILES, NUM_SPLITS
 
-__all__ = ["DataError", "MIN_TRAINING_POINTS", "check_split", "check_training", "read_dataset"]
+__all__ = ["DataError", "MIN_TRAINING_POINTS", "check_split", "check_training", "first_row", "read_dataset"]
 
 MIN_TRAINING_POINTS = 2
 """Fewest training points a split or an ``n_train`` subset may have: standardizing divides by their
@@ -126,6 +126,23 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
                             "download it again)") from None
         # No row: a damaged stream decompresses to garbage (rows that are not the file's) before it fails.
         raise DataError(path, f"is damaged ({err}); copy or download it again") from None
+
+
+def first_row(path: str | os.PathLike) -> str:
+    """The first non-empty line of a gzip-compressed CSV file, without reading the rest; a file that
+    is not gzip, is cut short, damaged, not text or empty raises :class:`DataError` saying so.
+
+    Example:
+        >>> import gzip, tempfile, pathlib
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "data.csv.gz"
+        >>> _ = path.write_bytes(gzip.compress(b"1,2,3\\n4,5,6\\n"))
+        >>> first_row(path)
+        '1,2,3'
+    """
+    path = Path(path)
+    for _, text in _lines(path):
+        return text
+    raise DataError(path, "is empty; expected comma-separated numbers")
 
 
 def _row_of(path: Path, index: int) -> int:
