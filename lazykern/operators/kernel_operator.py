@@ -144,7 +144,8 @@ class LazyKernelOperator(KernelLinearOperator):
     def _fused_symmetric_gradient(self) -> bool:
         x1, x2 = self.x1, self.x2
         engine = backend.engine_for(self.covar_func, x1, x2, self.tensor_params)
-        fusable = engine == "cpu" or (engine == "keops" and getattr(self.covar_func, "symmetric", False))
+        # lazykern's own targets fuse any formula they take; KeOps only its symmetric ones
+        fusable = engine in ("cpu", "triton") or (engine == "keops" and getattr(self.covar_func, "symmetric", False))
         return fusable and (x1 is x2 or (x1.shape == x2.shape and torch.equal(x1, x2)))
 
     def to_dense(self) -> Tensor:
