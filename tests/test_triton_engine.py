@@ -263,6 +263,25 @@ def test_exact_gp_mll_backward_with_a_batch(launches):
     assert launches, "nothing ran on the Triton engine"
 
 
+def test_gp_backward_takes_the_fused_symmetric_gradient(monkeypatch):
+    """A backward pass through ``kernel(X)`` on the Triton engine takes the one fused pass for
+    K(X, X) (as on the CPU engine), with the gradients of the three-pass way."""
+    fused = []
+    symmetric = backend.symmetric_gradients
+    monkeypatch.setattr(backend, "symmetric_gradients", lambda *a: fused.append(1) or symmetric(*a))
+    kernel = _kernel("rbf-additive", torch.Size([2]))
+    x = torch.randn(2, N, D, dtype=DT, requires_grad=True)
+    rhs = torch.randn(2, N, 2, dtype=DT)
+    tensors = [x, *kernel.parameters()]
+    got = {}
+    for engine in ("triton", "torch"):
+        with settings.engine(engine), settings.max_dense_bytes(0):
+            got[engine] = grads(kernel(x) @ rhs, rhs, tensors)
+    assert fused == [1]
+    for g, e in zip(*got.values()):
+        assert_close(g, e)
+
+
 def test_backend_dispatches_forced_triton(launches):
     x = torch.randn(N, D, dtype=DT)
     f, s = StationaryFormula("rbf", additive=True), {"scales": torch.ones(1, D, dtype=DT)}
