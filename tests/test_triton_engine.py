@@ -150,6 +150,21 @@ def test_other_operations_match_the_cpu_target(which):
         assert_close(g, e, rtol=1e-12)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's log of masked-out lanes
+@pytest.mark.parametrize("power", [17, -1, -3])
+def test_integer_powers_of_negative_numbers_match_the_cpu_target(power):
+    """Integer exponents the tracer does not multiply out (-1, beyond 16) at negative bases: defined,
+    as C's pow (e^(p log a) alone gave NaN)."""
+    x, z = torch.randn(N, D, dtype=DT), torch.randn(M, D, dtype=DT)
+    v = torch.randn(M, 2, dtype=DT)
+
+    def formula(a, b):
+        return (a - b).sum(-1) ** power
+
+    expected = ((x[:, None] - z[None]).sum(-1) ** power) @ v
+    assert_close(lk_triton.matmul(formula, x, z, {}, v), expected)
+
+
 def test_declines_what_it_cannot_run():
     x = torch.randn(5, 3, dtype=DT)
     f = StationaryFormula("rbf")

@@ -53,7 +53,7 @@ _CODE = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "neg": "(-{0})",
     "exp": "tl.exp({0})", "log": "tl.log({0})", "sin": "tl.sin({0})", "cos": "tl.cos({0})", "sqrt": "tl.sqrt({0})",
     "abs": "tl.abs({0})", "rsqrt": "(1.0 / tl.sqrt({0}))",
-    "pow": "tl.exp({p} * tl.log({0}))",  # pow(a, p) = e^(p log a): nan below 0, as C's pow
+    "pow": "tl.exp({p} * tl.log({0}))",  # pow(a, p) = e^(p log a): nan below 0, as C's pow (non-integer p)
     "sign": "(({0} > 0).to(DT) - ({0} < 0).to(DT))", "step": "(1.0 - ({0} < 0).to(DT))",
     "relu": "tl.where({0} > 0, {0}, 0.0)",
 }
@@ -178,6 +178,11 @@ class _Writer:
     def _apply(self, node: Node, args: list[str]) -> str:
         if node.op not in _CODE:
             raise Unsupported(f"operation {node.op!r}")
+        if node.op == "pow" and float(node.attr).is_integer():
+            # C's pow is defined below 0 for an integer exponent (the tracer multiplies out only 2 to 16):
+            # |a|^p, negated for an odd p
+            magnitude = f"tl.exp({node.attr!r} * tl.log(tl.abs({args[0]})))"
+            return f"tl.where({args[0]} < 0, {-1.0 if int(node.attr) % 2 else 1.0!r} * {magnitude}, {magnitude})"
         return _CODE[node.op].format(*args, p=repr(node.attr))
 
     def _weight(self, idx: int, var: str) -> list[str]:
