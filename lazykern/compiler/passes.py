@@ -220,12 +220,18 @@ def matmul(
     vector = rhs.dim() == 1
     if vector:
         rhs = rhs.unsqueeze(-1)
-    if rhs.dtype != x1.dtype or rhs.device != x1.device:
-        raise ValueError(f"rhs must be a tensor of dtype {x1.dtype} on {x1.device}, got {rhs.dtype} on {rhs.device}")
+    _check_like("rhs", rhs, x1)
     if rhs.shape[-2] != x2.shape[-2]:
         raise ValueError(f"rhs must have {x2.shape[-2]} rows (the points of x2), got shape {tuple(rhs.shape)}")
     out = _Matmul.apply(target, formula, tuple(params), x1, x2, rhs, *params.values())
     return out.squeeze(-1) if vector else out
+
+
+def _check_like(name: str, t: Tensor, x: Tensor) -> None:
+    """Vectors the targets read as raw buffers of ``x``'s type on ``x``'s device (a float32 vector read as
+    doubles is garbage; a host pointer on a GPU, a fault)."""
+    if t.dtype != x.dtype or t.device != x.device:
+        raise ValueError(f"{name} must be a tensor of dtype {x.dtype} on {x.device}, got {t.dtype} on {t.device}")
 
 
 def dense(target: ModuleType, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
@@ -242,6 +248,8 @@ def symmetric_gradients(
     occurrences) and each parameter requiring grad, in one pass (job ``"sym"``) on ``target``
     (the contract of :func:`lazykern.cpu.symmetric_gradients`)."""
     target.check_supported(formula, x, x, params)
+    _check_like("left", left, x)
+    _check_like("right", right, x)
     want = (("x",) if x.requires_grad else ()) + tuple(n for n, p in params.items() if p.requires_grad)
     if not want:
         return None, {n: None for n in params}
