@@ -57,8 +57,9 @@ def available() -> bool:
     return build.interpreted() or torch.cuda.is_available()
 
 
-def _device_ok(t: Tensor) -> bool:
-    return t.device.type == ("cpu" if build.interpreted() else "cuda")
+def _device_ok(t: Tensor, device: torch.device) -> bool:
+    """On ``device`` (one kernel reads every buffer on one device), a CUDA one or the interpreter's CPU."""
+    return t.device == device and t.device.type == ("cpu" if build.interpreted() else "cuda")
 
 
 def _column_block(c: int) -> int:
@@ -174,7 +175,8 @@ def supports(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tens
         >>> supports(StationaryFormula("rbf"), x, x, {}) == available()  # CPU tensors: the interpreter's
         True
     """
-    if not available() or not all(isinstance(t, Tensor) and _device_ok(t) for t in [x1, x2, *params.values()]):
+    tensors = [x1, x2, *params.values()]
+    if not available() or not all(isinstance(t, Tensor) and _device_ok(t, x1.device) for t in tensors):
         return False
     return plannable(formula, x1, x2, params)
 
@@ -192,9 +194,9 @@ def check_supported(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[st
         raise ValueError(f"lazykern's Triton engine cannot evaluate this formula: {reason}")
     device = "cpu (TRITON_INTERPRET=1)" if build.interpreted() else "cuda"
     raise ValueError(
-        f"lazykern's Triton engine needs {device} tensors of one dtype (float32 or float64) with broadcastable "
-        f"batch shapes; got x1 {x1.dtype} on {x1.device}, x2 {x2.dtype} on {x2.device}, params "
-        f"{[(n, p.dtype, tuple(p.shape)) for n, p in params.items()]}"
+        f"lazykern's Triton engine needs {device} tensors on one device, of one dtype (float32 or float64), "
+        f"with broadcastable batch shapes; got x1 {x1.dtype} on {x1.device}, x2 {x2.dtype} on {x2.device}, "
+        f"params {[(n, p.dtype, tuple(p.shape), str(p.device)) for n, p in params.items()]}"
     )
 
 
