@@ -255,7 +255,8 @@ def paired(spec: dict) -> dict:
 
 def compile_times(dtype: str) -> list[dict]:
     """Seconds to compile each engine pass of every stationary formula (d = 26), in an empty cache."""
-    from lazykern.cpu import build, reductions
+    from lazykern.compiler.plan import program
+    from lazykern.cpu import build
     from lazykern.formulas import StationaryFormula
     from lazykern.formulas.stationary import MATERN_NUS
 
@@ -270,7 +271,7 @@ def compile_times(dtype: str) -> list[dict]:
             jobs = {"matmul": ("mm", ()), "dense": ("dense", ()), "backward x1 + params": ("gradA", names),
                     "backward x2 + rhs": ("gradB", ("x", "rhs")), "symmetric gradient": ("sym", names)}
             for label, (job, want) in jobs.items():
-                red = reductions.program(formula, job, D, D, pspec, ctype, want)
+                red = program(formula, job, D, D, pspec, ctype, want)
                 before = len(build.compile_log)
                 build.load(red)
                 name, seconds = build.compile_log[before]

@@ -507,11 +507,11 @@ def test_dense_of_one_input_backward_in_one_pass(case, monkeypatch):
     """K(x, x) from one tensor (as the kernels pass it): the gradient reaching x through both sides
     comes from one pass weighted by G and G^T, for an even formula and one that is not (OAK's);
     G not symmetric, so a pass that used G for both sides would show."""
-    from lazykern.cpu import reductions
+    from lazykern.compiler import passes
 
     jobs = []
-    grad_pass = reductions.grad_pass
-    monkeypatch.setattr(reductions, "grad_pass", lambda f, job, *a: jobs.append(job) or grad_pass(f, job, *a))
+    grad_pass = passes._grad_pass
+    monkeypatch.setattr(passes, "_grad_pass", lambda target, f, job, *a: jobs.append(job) or grad_pass(target, f, job, *a))
     hp = interaction_hyperparameters()
     x = torch.randn(N, D, dtype=DT, requires_grad=True)
     weights = torch.randn(N, N, dtype=DT)

@@ -17,16 +17,15 @@ one pass weighted by :math:`G` and :math:`G^\top` (``"sym-pair"``). Each pass is
 gradients autograd expects, is decided here, once for every target.
 
 A *target* is a module of a compiled engine (:mod:`lazykern.cpu.reductions`,
-:mod:`lazykern.triton.reductions`) with four functions, looked up at call time:
+:mod:`lazykern.triton.reductions`) with four functions, looked up at call time; the buffers every
+pass reads and writes are set up here, in the row-major layouts of :func:`row_buffer`, except the
+inner side, which each target lays out its own way:
 
 * ``check_supported(formula, x1, x2, params)``: raise ``ValueError`` naming what the target cannot evaluate;
-* ``forward_matmul(formula, x1, x2, params, rhs, transposed=False)`` and
-  ``forward_dense(formula, x1, x2, params)``: the forward passes, ``(*batch, N, C)`` and
-  ``(*batch, N, M)``;
-* ``grad_pass(formula, job, x1, x2, params, want, batch, vecs)``: one backward pass, returning the
-  gradient of its outer input, the product :math:`K^\top \bar Y` (or ``None``) and the per-row
-  parameter gradients by name, each ``(*batch, rows, width)``; ``vecs`` holds ``"dots"`` (pairs of
-  column arrays whose dot products weight the pairs) or ``"pairs"`` (dense weight matrices).
+* ``inner_buffer(t, batch, nb)`` and ``inner_vectors(t, batch, nb)``: the buffer and batch stride
+  of the inner points ``(..., M, W)`` and of a column array over them ``(..., M, C)``;
+* ``launch(red, buffers, nb, n, m, c)``: run the pass ``red`` over ``nb`` batches of ``n`` x ``m``
+  pairs and ``c`` columns, on buffers named by :meth:`~lazykern.compiler.plan.Reduction.operands`.
 
 Second derivatives (``create_graph=True``) come from the torch engine's row blocks
 (:func:`lazykern.torch_engine.vjp`) on every target: the derivative of a gradient pass is another
@@ -45,6 +44,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from types import ModuleType
 from typing import Callable, Mapping
 
@@ -52,6 +52,7 @@ import torch
 from torch import Tensor
 
 from .. import torch_engine
+from .plan import DTYPES, param_spec, program
 
 Formula = Callable[..., object]
 
@@ -103,6 +104,73 @@ def named_grads(
 
 
 # ---------------------------------------------------------------------------- gradients
+# ---------------------------------------------------------------------------- the passes
+def _forward_matmul(target: ModuleType, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
+                    rhs: Tensor) -> Tensor:
+    """``K @ rhs``, ``(*batch, N, C)``."""
+    batch = batch_shape(x1, x2, rhs, *params.values())
+    nb = batch.numel()
+    n, m, c = x1.shape[-2], x2.shape[-2], rhs.shape[-1]
+    red = program(formula, "mm", x1.shape[-1], x2.shape[-1], param_spec(params), DTYPES[x1.dtype])
+    out = output_buffer(batch, n, c, x1)
+    buffers = {
+        "outer:o": row_buffer(x1.detach(), batch, nb),
+        "inner:i": target.inner_buffer(x2.detach(), batch, nb),
+        "ivec:0": target.inner_vectors(rhs.detach(), batch, nb),
+        "out:matmul": out,
+        **param_buffers(params, batch, nb),
+    }
+    target.launch(red, buffers, nb, n, m, c)
+    return out[0]
+
+
+def _forward_dense(target: ModuleType, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
+    """The dense ``(*batch, N, M)`` block."""
+    batch = batch_shape(x1, x2, *params.values())
+    nb = batch.numel()
+    n, m = x1.shape[-2], x2.shape[-2]
+    red = program(formula, "dense", x1.shape[-1], x2.shape[-1], param_spec(params), DTYPES[x1.dtype])
+    out = output_buffer(batch, n, m, x1)
+    buffers = {
+        "outer:o": row_buffer(x1.detach(), batch, nb),
+        "inner:i": target.inner_buffer(x2.detach(), batch, nb),
+        "out:store": out,
+        **param_buffers(params, batch, nb),
+    }
+    target.launch(red, buffers, nb, n, m, 1)
+    return out[0]
+
+
+def _grad_pass(target: ModuleType, formula: Formula, job: str, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
+               want: tuple[str, ...], batch: torch.Size,
+               vecs: dict[str, list]) -> tuple[Tensor | None, Tensor | None, dict[str, Tensor]]:
+    """One backward pass: the gradient of its outer input, the product :math:`K^\top \bar Y` (or
+    ``None``) and the per-row parameter gradients by name, each ``(*batch, rows, width)``; ``vecs``
+    holds ``"dots"`` (pairs of column arrays whose dot products weight the pairs) or ``"pairs"``
+    (dense weight matrices)."""
+    nb = batch.numel()
+    outer, inner = (x2, x1) if job.startswith("gradB") else (x1, x2)
+    n, m = outer.shape[-2], inner.shape[-2]
+    red = program(formula, job, x1.shape[-1], x2.shape[-1], param_spec(params), DTYPES[x1.dtype], want)
+    buffers = {
+        "outer:o": row_buffer(outer.detach(), batch, nb),
+        "inner:i": target.inner_buffer(inner.detach(), batch, nb),
+        **param_buffers(params, batch, nb),
+    }
+    c = 1
+    for k, weight in enumerate(vecs.get("pairs", ())):
+        buffers[f"pair:w{k}"] = row_buffer(weight, batch, nb)
+    for k, (ov, iv) in enumerate(vecs.get("dots", ())):
+        buffers[f"ovec:{k}"], buffers[f"ivec:{k}"] = row_buffer(ov, batch, nb), target.inner_vectors(iv, batch, nb)
+        c = ov.shape[-1]
+    sums = output_buffer(batch, n, red.sums_width, x1) if red.sums else None
+    product = output_buffer(batch, n, c, x1) if red.matmul is not None else None
+    buffers.update({name: b for name, b in (("out:sums", sums), ("out:matmul", product)) if b is not None})
+    target.launch(red, buffers, nb, n, m, c)
+    grads = named_grads(sums, want, outer, params)
+    return grads.pop("x", None), (None if product is None else product[0]), grads
+
+
 def _param_grads(params: Mapping[str, Tensor], grads: dict[str, Tensor], batch: torch.Size) -> list[Tensor | None]:
     out = []
     for name, p in params.items():
@@ -134,7 +202,7 @@ class _Matmul(torch.autograd.Function):
         params = dict(zip(names, values))
         ctx.target, ctx.formula, ctx.names = target, formula, names
         ctx.save_for_backward(x1, x2, rhs, *values)
-        return target.forward_matmul(formula, x1, x2, params, rhs, transposed=False)
+        return _forward_matmul(target, formula, x1, x2, params, rhs)
 
     @staticmethod
     def backward(ctx, grad_out):  # noqa: D102 - autograd protocol
@@ -143,7 +211,7 @@ class _Matmul(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: see _differentiable_backward
             gx1, gx2, *gp, grhs = _differentiable_backward(ctx, (x1, x2, *values, rhs), grad_out)
             return (None, None, None, gx1, gx2, grhs, *gp)
-        grad_pass = ctx.target.grad_pass
+        grad_pass = functools.partial(_grad_pass, ctx.target)
         params = dict(zip(ctx.names, values))
         wanted_p = tuple(n for n, w in zip(ctx.names, need_p) if w)
         batch = batch_shape(x1, x2, rhs, grad_out, *values)
@@ -174,14 +242,14 @@ class _Dense(torch.autograd.Function):
     def forward(ctx, target, formula, names, x1, x2, *values):  # noqa: D102 - autograd protocol
         ctx.target, ctx.formula, ctx.names, ctx.same_inputs = target, formula, names, x1 is x2
         ctx.save_for_backward(x1, x2, *values)
-        return target.forward_dense(formula, x1, x2, dict(zip(names, values)))
+        return _forward_dense(target, formula, x1, x2, dict(zip(names, values)))
 
     @staticmethod
     def backward(ctx, grad_out):  # noqa: D102 - autograd protocol
         x1, x2, *values = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: see _differentiable_backward
             return (None, None, None, *_differentiable_backward(ctx, (x1, x2, *values), grad_out))
-        grad_pass = ctx.target.grad_pass
+        grad_pass = functools.partial(_grad_pass, ctx.target)
         params = dict(zip(ctx.names, values))
         need_x1, need_x2, *need_p = ctx.needs_input_grad[3:]
         wanted_p = tuple(n for n, w in zip(ctx.names, need_p) if w)
@@ -256,6 +324,6 @@ def symmetric_gradients(
     left, right = left.detach(), right.detach()
     batch = batch_shape(x, left, right, *params.values())
     vecs = {"dots": [(left, right), (right, left)]}
-    gx, _, grads = target.grad_pass(formula, "sym", x, x, params, want, batch, vecs)
+    gx, _, grads = _grad_pass(target, formula, "sym", x, x, params, want, batch, vecs)
     values = _param_grads(params, grads, batch)
     return _input_grad(gx, x, batch), dict(zip(params, values))

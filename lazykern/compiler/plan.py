@@ -120,7 +120,7 @@ def _cached_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, 
 
 
 def _build_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, dtype: str, want: tuple) -> Reduction:
-    """Jobs: ``"mm"`` (:math:`K V`), ``"mmT"`` (:math:`K^\\top V`), ``"dense"`` (rows of K),
+    """Jobs: ``"mm"`` (:math:`K V`), ``"dense"`` (rows of K),
     ``"gradA"``/``"gradB"`` (backward passes over rows of ``x1``/``x2``, weights from dot products
     of column arrays), ``"gradA-pair"``/``"gradB-pair"`` (weights from a dense gradient matrix),
     ``"sym"`` (the fused gradient of :math:`\\sum_{ij} \\langle l_i, r_j\\rangle k(x_i, x_j)`),
@@ -130,7 +130,7 @@ def _build_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, d
     g = Graph()
     params = dict(pspec)
     names = tuple(f"p:{n}" for n in params)
-    transposed = job in ("mmT", "gradB", "gradB-pair")
+    transposed = job in ("gradB", "gradB-pair")
     if transposed:  # outer rows are x2: the formula's first input is the inner side
         root = trace(formula, g, "i", "o", params, d1, d2)
         d_outer = d2
@@ -138,7 +138,7 @@ def _build_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, d
         root = trace(formula, g, "o", "i", params, d1, d2)
         d_outer = d1
     base = dict(outer=("o",), inner=("i",), params=names, dtype=dtype)
-    if job in ("mm", "mmT"):
+    if job == "mm":
         nodes, new = compact(g, [root])
         return Reduction(nodes=nodes, weights=(), outer_vecs=0, inner_vecs=1, sums=(), matmul=(new[root], 0), store=None, **base)
     if job == "dense":

@@ -24,7 +24,7 @@ The loop nest (what makes it fast on a CPU):
   fixed order: vectorized without reassociation flags (no ``-ffast-math``).
 
 Example:
-    >>> from lazykern.cpu.reductions import program
+    >>> from lazykern.compiler.plan import program
     >>> from lazykern.formulas import StationaryFormula
     >>> red = program(StationaryFormula("rbf"), "mm", 3, 3, (), "double")
     >>> "omp simd" in generate(red)

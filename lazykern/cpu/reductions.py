@@ -8,7 +8,8 @@ the tensors. Shapes follow :mod:`lazykern.backend`: ``x1`` ``(..., N, D1)``, ``x
 broadcast.
 
 Which passes a product, a dense block or the fused gradient runs is decided once for every target
-(:mod:`lazykern.compiler.passes`); this module is the C target's side of it: buffers and launches.
+(:mod:`lazykern.compiler.passes`); this module is the C target's side of it: the inner side's
+buffer layout and the launches.
 
 Each backward pass evaluates the kernel's exponentials once per pair for all its outputs (KeOps'
 autodiff runs one reduction per differentiated variable).
@@ -26,8 +27,8 @@ import torch
 from torch import Tensor
 
 from ..compiler import passes
-from ..compiler.passes import batch_shape, flat_buffer, named_grads, output_buffer, param_buffers, row_buffer
-from ..compiler.plan import DTYPES, Reduction, param_spec, plannable, program, unsupported
+from ..compiler.passes import flat_buffer
+from ..compiler.plan import Reduction, plannable, unsupported
 from . import build
 
 Formula = Callable[..., object]
@@ -40,22 +41,27 @@ _ALIGN = 16
 WORK_PER_THREAD = 1 << 15
 
 
-# ---------------------------------------------------------------------------- buffers
-def _columns(t: Tensor, batch: torch.Size, nb: int, mp: int) -> tuple[Tensor, int]:
-    """``(..., M, W)`` as dimension-major ``(nb', W, mp)`` rows, zero-padded to ``mp``."""
+# ---------------------------------------------------------------------------- buffers and launches
+def inner_buffer(t: Tensor, batch: torch.Size, nb: int) -> tuple[Tensor, int]:
+    """Inner points or column arrays ``(..., M, W)`` as dimension-major ``(nb', W, mp)`` rows,
+    zero-padded to ``mp`` (a multiple of 16 entries: 64-byte aligned rows for the vector loops)."""
     base, stride, count = flat_buffer(t, batch, nb)
     base = base.reshape(count, *t.shape[-2:])
-    out = base.new_zeros(count, t.shape[-1], mp)
+    out = base.new_zeros(count, t.shape[-1], _padded(t.shape[-2]))
     out[:, :, : t.shape[-2]] = base.transpose(-1, -2)
     return out, (out[0].numel() if stride else 0)
 
 
-def _run(red: Reduction, buffers: dict[str, tuple[Tensor, int]], nb: int, n: int, m: int, mp: int, c: int) -> None:
+#: Column arrays over the inner points are laid out as the points themselves.
+inner_vectors = inner_buffer
+
+
+def launch(red: Reduction, buffers: dict[str, tuple[Tensor, int]], nb: int, n: int, m: int, c: int) -> None:
     fn = build.load(red)
     roles = red.operands()
     ptrs = (ctypes.c_void_p * len(roles))(*[buffers[r][0].data_ptr() for r in roles])
     strides = (ctypes.c_int64 * len(roles))(*[buffers[r][1] for r in roles])
-    fn(ptrs, strides, nb, n, m, mp, c, threads(nb * n * m))
+    fn(ptrs, strides, nb, n, m, _padded(m), c, threads(nb * n * m))
 
 
 def threads(work: int) -> int:
@@ -72,89 +78,6 @@ def threads(work: int) -> int:
 
 def _padded(m: int) -> int:
     return max(_ALIGN, -(-m // _ALIGN) * _ALIGN)
-
-
-# ---------------------------------------------------------------------------- forward passes
-def forward_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor, transposed: bool) -> Tensor:
-    """``K @ rhs`` (``transposed``: ``K^T @ rhs``, rhs over rows of ``x1``), batch of ``batch_shape``."""
-    batch = batch_shape(x1, x2, rhs, *params.values())
-    nb = batch.numel()
-    outer, inner = (x2, x1) if transposed else (x1, x2)
-    n, m, c = outer.shape[-2], inner.shape[-2], rhs.shape[-1]
-    mp = _padded(m)
-    red = program(formula, "mmT" if transposed else "mm", x1.shape[-1], x2.shape[-1], param_spec(params), DTYPES[x1.dtype])
-    out = output_buffer(batch, n, c, x1)
-    buffers = {
-        "outer:o": row_buffer(outer.detach(), batch, nb),
-        "inner:i": _columns(inner.detach(), batch, nb, mp),
-        "ivec:0": _columns(rhs.detach(), batch, nb, mp),
-        "out:matmul": out,
-        **param_buffers(params, batch, nb),
-    }
-    _run(red, buffers, nb, n, m, mp, c)
-    return out[0]
-
-
-def forward_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
-    batch = batch_shape(x1, x2, *params.values())
-    nb = batch.numel()
-    n, m = x1.shape[-2], x2.shape[-2]
-    mp = _padded(m)
-    red = program(formula, "dense", x1.shape[-1], x2.shape[-1], param_spec(params), DTYPES[x1.dtype])
-    out = output_buffer(batch, n, m, x1)
-    buffers = {
-        "outer:o": row_buffer(x1.detach(), batch, nb),
-        "inner:i": _columns(x2.detach(), batch, nb, mp),
-        "out:store": out,
-        **param_buffers(params, batch, nb),
-    }
-    _run(red, buffers, nb, n, m, mp, 1)
-    return out[0]
-
-
-# ---------------------------------------------------------------------------- backward passes
-def grad_pass(
-    formula: Formula,
-    job: str,
-    x1: Tensor,
-    x2: Tensor,
-    params: Mapping[str, Tensor],
-    want: tuple[str, ...],
-    batch: torch.Size,
-    vecs: dict[str, Tensor],
-) -> tuple[Tensor | None, Tensor | None, dict[str, Tensor]]:
-    """Run one backward pass; returns (gradient of its outer input, K^T-product or None, the
-    per-parameter gradients), each ``(*batch, rows, width)``."""
-    nb = batch.numel()
-    transposed = job.startswith("gradB")
-    outer, inner = (x2, x1) if transposed else (x1, x2)
-    n, m = outer.shape[-2], inner.shape[-2]
-    mp = _padded(m)
-    red = program(formula, job, x1.shape[-1], x2.shape[-1], param_spec(params), DTYPES[x1.dtype], want)
-    buffers = {
-        "outer:o": row_buffer(outer.detach(), batch, nb),
-        "inner:i": _columns(inner.detach(), batch, nb, mp),
-        **param_buffers(params, batch, nb),
-    }
-    c = 1
-    if job.endswith("-pair"):
-        for k, weight in enumerate(vecs["pairs"]):
-            buffers[f"pair:w{k}"] = row_buffer(weight, batch, nb)
-    else:
-        for k, (ov, iv) in enumerate(vecs["dots"]):
-            buffers[f"ovec:{k}"] = row_buffer(ov, batch, nb)
-            buffers[f"ivec:{k}"] = _columns(iv, batch, nb, mp)
-            c = ov.shape[-1]
-    sums = output_buffer(batch, n, red.sums_width, x1) if red.sums else None
-    if sums is not None:
-        buffers["out:sums"] = sums
-    product = None
-    if red.matmul is not None:
-        product = output_buffer(batch, n, c, x1)
-        buffers["out:matmul"] = product
-    _run(red, buffers, nb, n, m, mp, c)
-    grads = named_grads(sums, want, outer, params)
-    return grads.pop("x", None), (None if product is None else product[0]), grads
 
 
 # ---------------------------------------------------------------------------- public API

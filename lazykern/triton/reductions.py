@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 from ..compiler import passes
-from ..compiler.passes import batch_shape, named_grads, output_buffer, param_buffers, row_buffer
-from ..compiler.plan import DTYPES, Reduction, param_spec, plannable, program, unsupported
+from ..compiler.passes import row_buffer
+from ..compiler.plan import Reduction, plannable, unsupported
 from . import build
 
 Formula = Callable[..., object]
@@ -68,13 +68,18 @@ def _column_block(c: int) -> int:
     return min(64, max(16, 1 << (max(c, 1) - 1).bit_length()))
 
 
-def _inner(t: Tensor, batch: torch.Size, nb: int) -> tuple[Tensor, int]:
-    """Inner inputs ``(..., M, W)`` dimension-major, ``(nb', W, M)``: loads along the points are
+def inner_buffer(t: Tensor, batch: torch.Size, nb: int) -> tuple[Tensor, int]:
+    """Inner points ``(..., M, W)`` dimension-major, ``(nb', W, M)``: loads along the points are
     contiguous."""
     return row_buffer(t.transpose(-1, -2), batch, nb)
 
 
-def _launch(red: Reduction, buffers: dict[str, tuple[Tensor, int]], nb: int, n: int, m: int, c: int) -> None:
+def inner_vectors(t: Tensor, batch: torch.Size, nb: int) -> tuple[Tensor, int]:
+    """Column arrays over the inner points ``(..., M, C)`` row-major, as ``tl.dot`` reads them."""
+    return row_buffer(t, batch, nb)
+
+
+def launch(red: Reduction, buffers: dict[str, tuple[Tensor, int]], nb: int, n: int, m: int, c: int) -> None:
     import triton
     import triton.language as tl
 
@@ -98,66 +103,6 @@ def _launch(red: Reduction, buffers: dict[str, tuple[Tensor, int]], nb: int, n: 
         for r in roles:
             if r.startswith("out:"):
                 buffers[r][0].zero_()
-
-
-def forward_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor,
-                    transposed: bool = False) -> Tensor:
-    batch = batch_shape(x1, x2, rhs, *params.values())
-    nb = batch.numel()
-    outer, inner = (x2, x1) if transposed else (x1, x2)
-    n, m, c = outer.shape[-2], inner.shape[-2], rhs.shape[-1]
-    red = program(formula, "mmT" if transposed else "mm", x1.shape[-1], x2.shape[-1], param_spec(params), DTYPES[x1.dtype])
-    out = output_buffer(batch, n, c, x1)
-    buffers = {
-        "outer:o": row_buffer(outer.detach(), batch, nb),
-        "inner:i": _inner(inner.detach(), batch, nb),
-        "ivec:0": row_buffer(rhs.detach(), batch, nb),
-        "out:matmul": out,
-        **param_buffers(params, batch, nb),
-    }
-    _launch(red, buffers, nb, n, m, c)
-    return out[0]
-
-
-def forward_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
-    batch = batch_shape(x1, x2, *params.values())
-    nb = batch.numel()
-    n, m = x1.shape[-2], x2.shape[-2]
-    red = program(formula, "dense", x1.shape[-1], x2.shape[-1], param_spec(params), DTYPES[x1.dtype])
-    out = output_buffer(batch, n, m, x1)
-    buffers = {
-        "outer:o": row_buffer(x1.detach(), batch, nb),
-        "inner:i": _inner(x2.detach(), batch, nb),
-        "out:store": out,
-        **param_buffers(params, batch, nb),
-    }
-    _launch(red, buffers, nb, n, m, 1)
-    return out[0]
-
-
-def grad_pass(formula: Formula, job: str, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], want: tuple[str, ...],
-               batch: torch.Size, vecs: dict[str, Tensor]) -> tuple[Tensor | None, Tensor | None, dict[str, Tensor]]:
-    """One backward pass (the protocol of :mod:`lazykern.compiler.passes`)."""
-    nb = batch.numel()
-    outer, inner = (x2, x1) if job.startswith("gradB") else (x1, x2)
-    n, m = outer.shape[-2], inner.shape[-2]
-    red = program(formula, job, x1.shape[-1], x2.shape[-1], param_spec(params), DTYPES[x1.dtype], want)
-    buffers = {
-        "outer:o": row_buffer(outer.detach(), batch, nb),
-        "inner:i": _inner(inner.detach(), batch, nb),
-        **param_buffers(params, batch, nb),
-    }
-    c = 1
-    for k, weight in enumerate(vecs.get("pairs", ())):
-        buffers[f"pair:w{k}"] = row_buffer(weight, batch, nb)
-    for k, (ov, iv) in enumerate(vecs.get("dots", ())):  # both (rows, C) row-major, for tl.dot
-        buffers[f"ovec:{k}"], buffers[f"ivec:{k}"] = row_buffer(ov, batch, nb), row_buffer(iv, batch, nb)
-        c = ov.shape[-1]
-    sums = buffers["out:sums"] = output_buffer(batch, n, red.sums_width, x1) if red.sums else None
-    product = buffers["out:matmul"] = output_buffer(batch, n, c, x1) if red.matmul is not None else None
-    _launch(red, buffers, nb, n, m, c)
-    grads = named_grads(sums, want, outer, params)
-    return grads.pop("x", None), (None if product is None else product[0]), grads
 
 
 # ---------------------------------------------------------------------------- public API
