@@ -83,6 +83,7 @@ __all__ = [
     "keops_session",
     "loaded_reductions",
     "padded_size",
+    "VERSION_PROBLEM",
 ]
 
 #: ``major.minor`` versions of pykeops and keopscore whose internals :func:`keops_session` hooks.
@@ -128,10 +129,12 @@ def _installed_versions() -> dict[str, str | None]:
     return versions
 
 
-# Read from the package metadata: importing pykeops itself is slow and chatty.
-_FALLBACK = _version_problem(_installed_versions())
-if _FALLBACK is not None:
-    warnings.warn(_FALLBACK, RuntimeWarning, stacklevel=2)
+#: Why lazykern's KeOps hooks are off (installed pykeops/keopscore versions they were not verified
+#: on), or ``None`` when they are on. Read from the package metadata: importing pykeops itself is
+#: slow and chatty.
+VERSION_PROBLEM = _version_problem(_installed_versions())
+if VERSION_PROBLEM is not None:
+    warnings.warn(VERSION_PROBLEM, RuntimeWarning, stacklevel=2)
 
 
 def keops_lazy_tensor(t: Tensor):
@@ -235,7 +238,7 @@ def _install() -> None:
     with _install_lock:
         if _installed:
             return
-        if _FALLBACK is None:
+        if VERSION_PROBLEM is None:
             import pykeops.torch.generic.generic_red as generic_red
             from pykeops.common.keops_io import keops_binder
 

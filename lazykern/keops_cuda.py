@@ -364,9 +364,9 @@ def _configure() -> str | None:
     for library in (cuda.builtins, cuda.nvrtc, cuda.cudart):
         if library is not None:
             ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
-    from .keops import _FALLBACK
+    from .keops import VERSION_PROBLEM
 
-    if "keopscore.config" in sys.modules and _FALLBACK is None:
+    if "keopscore.config" in sys.modules and VERSION_PROBLEM is None:
         _redetect()
     return shim
 
@@ -455,9 +455,9 @@ def select_jit_engine() -> str | None:
 
 
 def _select_jit_engine() -> str | None:
-    from .keops import _FALLBACK
+    from .keops import VERSION_PROBLEM
 
-    if _FALLBACK is not None or not needs_no_cache(nvrtc_version()):
+    if VERSION_PROBLEM is not None or not needs_no_cache(nvrtc_version()):
         return None
     import importlib
 
@@ -602,14 +602,15 @@ def require(device: Any = None) -> None:
         return
     verdict = health(device)
     if not verdict.ok:
+        gpu = verdict.stack.get("gpu")  # (none where keopscore could not even be set up)
         raise RuntimeError(
-            f"{verdict.cause}: KeOps cannot run on this GPU ({verdict.stack.get('gpu')}); use "
+            f"{verdict.cause}: KeOps cannot run on this GPU{f' ({gpu})' if gpu else ''}; use "
             "lazykern.settings.engine('auto'), which picks an engine that can"
         )
 
 
 def _check(index: int) -> Health:
-    from .keops import _FALLBACK
+    from .keops import VERSION_PROBLEM
 
     try:
         configure()
@@ -621,7 +622,7 @@ def _check(index: int) -> Health:
     if not cuda_config.get_use_cuda():
         reason = cuda_config.cuda_message or "no usable CUDA found"
         return Health(False, f"keopscore runs CPU only ({reason.rstrip('.')}; set CUDA_PATH to a CUDA toolkit)", stack)
-    if _FALLBACK is None:
+    if VERSION_PROBLEM is None:
         try:
             select_jit_engine()
         except Exception as err:  # noqa: BLE001 - a failed build is a verdict, not a crash of the caller
