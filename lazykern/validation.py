@@ -90,10 +90,21 @@ def check_kernel_inputs(
     return result
 
 
-def check_positive_int(name: str, value: object) -> int:
-    """``value`` must be an int >= 1 (``bool`` excluded)."""
+def check_positive_int(name: str, value: object, *, optional: bool = False) -> int | None:
+    """``value`` must be an int >= 1 (``bool`` excluded), or ``None`` where ``optional`` (e.g. an
+    iteration cap whose ``None`` is the caller's default).
+
+    Example:
+        >>> check_positive_int("max_iter", None, optional=True) is None
+        True
+        >>> check_positive_int("max_iter", 0, optional=True)
+        Traceback (most recent call last):
+        ValueError: max_iter must be a positive int or None, got 0
+    """
+    if optional and value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+        raise ValueError(f"{name} must be a positive int{' or None' if optional else ''}, got {value!r}")
     return value
 
 
@@ -114,21 +125,6 @@ def check_positive_ints(name: str, values: object) -> tuple[int, ...]:
     if not items or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in items):
         raise ValueError(f"{name} must be a non-empty sequence of positive ints, got {values!r}")
     return items
-
-
-def check_iteration_cap(name: str, value: object) -> int | None:
-    """``value`` must be ``None`` (the caller's default cap) or an int >= 1 (``bool`` excluded).
-
-    Example:
-        >>> check_iteration_cap("max_iter", None) is None, check_iteration_cap("max_iter", 50)
-        (True, 50)
-        >>> check_iteration_cap("max_iter", 0)
-        Traceback (most recent call last):
-        ValueError: max_iter must be a positive int or None, got 0
-    """
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
-    return value
 
 
 def check_positive_number(name: str, value: object) -> float:

@@ -114,8 +114,7 @@ class StationaryFormula:
     symmetric = True
 
     def __post_init__(self) -> None:
-        if self.family not in PROFILES:
-            raise ValueError(f"family must be one of {sorted(PROFILES)}, got {self.family!r}")
+        check_choice("family", self.family, tuple(sorted(PROFILES)))
         if (self.family == "matern") != (self.nu is not None):
             raise ValueError("nu is required for (and only for) the matern family")
         if self.nu is not None:

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ..operators import operator_matmul
-from ..validation import check_floating_matrix, check_iteration_cap
+from ..validation import check_floating_matrix, check_positive_int
 
 __all__ = ["CGResult", "cg"]
 
@@ -73,7 +73,7 @@ def _check_inputs(A: Any, B: Any, tol: Any, max_iter: Any, precond: Any, callbac
         raise ValueError(f"A and B must be on the same device, got {a_device} and {B.device}")
     if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not (0 < tol < math.inf):
         raise ValueError(f"tol must be a positive finite number (relative residual), got {tol!r}")
-    check_iteration_cap("max_iter", max_iter)
+    check_positive_int("max_iter", max_iter, optional=True)
     if precond is not None and not callable(precond):
         raise TypeError(f"precond must be a callable R -> M^-1 R (or None), got {type(precond).__name__}")
     if callback is not None and not callable(callback):

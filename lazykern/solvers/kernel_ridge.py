@@ -15,7 +15,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import Tensor
 
-from ..validation import check_floating_matrix, check_iteration_cap, check_positive_int, check_positive_number
+from ..validation import check_choice, check_floating_matrix, check_positive_int, check_positive_number
 from .cg import CGResult, cg
 from .preconditioners import JacobiPreconditioner, PivotedCholeskyPreconditioner
 
@@ -124,11 +124,10 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         if not isinstance(self.kernel, Kernel):
             raise TypeError(f"kernel must be a gpytorch.kernels.Kernel, got {type(self.kernel).__name__}")
         check_positive_number("alpha", self.alpha)
-        if self.precond not in _PRECONDITIONERS:
-            raise ValueError(f"precond must be one of {_PRECONDITIONERS}, got {self.precond!r}")
+        check_choice("precond", self.precond, _PRECONDITIONERS)
         check_positive_int("rank", self.rank)
         check_positive_number("tol", self.tol)
-        check_iteration_cap("max_iter", self.max_iter)
+        check_positive_int("max_iter", self.max_iter, optional=True)
 
     def _kernel_matrix(self, x1: Tensor, x2: Tensor) -> LinearOperator:
         # Evaluate the kernel's forward now (active_dims applied) rather than gpytorch's deferred
