@@ -37,12 +37,14 @@ centred component :math:`g_d(t) = f_d(t) - \frac1N \sum_i f_d(x_{id})` is Gaussi
 
 .. math::
 
-    \mathbb E[g_d(t)] = c_d\, \bar z_d(t, X_d)\, \alpha, \qquad
-    \operatorname{Var}[g_d(t)] = c_d\, \bar z_d(t, t) - c_d^2\, \bar z_d(t, X_d) (K + \sigma^2 I)^{-1} \bar z_d(X_d, t),
+    \mathbb E[g_d(t)] = c_d\, \tilde z_d(t, X_d)\, \alpha, \qquad
+    \operatorname{Var}[g_d(t)] = c_d\, \bar z_d(t, t) - c_d^2\, \tilde z_d(t, X_d) (K + \sigma^2 I)^{-1} \tilde z_d(X_d, t),
 
-with :math:`\bar z_d(a, b) = z_d(a, b) - \frac1N \sum_i z_d(a, x_{id}) - \frac1N \sum_i z_d(x_{id}, b)
-+ \frac1{N^2} \sum_{ij} z_d(x_{id}, x_{jd})` (the kernel of the centred component; its row means
-are one lazy reduction). The offset of component d is :math:`\frac1N \sum_{ij} c_d z_d(x_{id}, x_{jd}) \alpha_j`.
+with :math:`\tilde z_d(t, x_{jd}) = z_d(t, x_{jd}) - \frac1N \sum_i z_d(x_{id}, x_{jd})` (the
+covariance of :math:`g_d(t)` with the training targets: centred on the side of :math:`t` only; the
+row means are one lazy reduction) and :math:`\bar z_d(t, t) = z_d(t, t) - \frac2N \sum_i z_d(t, x_{id})
++ \frac1{N^2} \sum_{ij} z_d(x_{id}, x_{jd})` (the prior variance of the centred component). The
+offset of component d is :math:`\frac1N \sum_{ij} c_d z_d(x_{id}, x_{jd}) \alpha_j`.
 
 **Order shares and total effects for OAK: Sobol indices, exact.** Components of different subsets of dimensions are
 orthogonal under the input measure :math:`p`, so the variance of the posterior mean splits into

@@ -248,5 +248,6 @@ def shard(op: LinearOperator, group: dist.ProcessGroup | None = None) -> Sharded
 
 
 def _whole(index: Any) -> bool:
-    """Whether a row or column index selects everything (``:``)."""
+    """Whether a row or column index selects everything (``:``). (linear_operator has this test as a
+    private helper, ``utils.getitem._is_noop_index``; its private names are not lazykern's to import.)"""
     return isinstance(index, slice) and index == slice(None)
