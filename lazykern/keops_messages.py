@@ -49,18 +49,6 @@ def _print_to_stderr(*args, **kwargs) -> None:
 
 
 @contextlib.contextmanager
-def _sunk() -> Iterator[None]:
-    global _sink
-    previous = _sink
-    with open(os.devnull, "w") as sink:
-        _sink = sink
-        try:
-            yield
-        finally:
-            _sink = previous
-
-
-@contextlib.contextmanager
 def silenced() -> Iterator[None]:
     """KeOps' messages go nowhere inside this block (``lazykern``'s commands without ``--verbose``).
 
@@ -69,8 +57,14 @@ def silenced() -> Iterator[None]:
         >>> with keops_messages.silenced():
         ...     pass
     """
-    with _sunk():
-        yield
+    global _sink
+    previous = _sink
+    with open(os.devnull, "w") as sink:
+        _sink = sink
+        try:
+            yield
+        finally:
+            _sink = previous
 
 
 @contextlib.contextmanager
@@ -100,7 +94,7 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module) -> None:  # noqa: D102 - importlib protocol
         if self.name == _IMPORTED and not _verbose:
-            with _sunk():
+            with silenced():
                 self.loader.exec_module(module)
         else:
             self.loader.exec_module(module)
