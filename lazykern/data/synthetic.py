@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..validation import check_positive_int
+from .checks import MIN_TRAINING_POINTS
 from .uci import UCISplit
 
 __all__ = ["synthetic_additive"]
@@ -67,8 +69,9 @@ def synthetic_additive(
         (torch.Size([100, 3]), torch.Size([20]))
     """
     for arg, value in (("n_train", n_train), ("n_test", n_test), ("d", d)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{arg} must be a positive int, got {value!r}")
+        check_positive_int(arg, value)
+    if n_train < MIN_TRAINING_POINTS:  # one point has no spread to standardize by (NaN inputs)
+        raise ValueError(f"n_train must be at least {MIN_TRAINING_POINTS}, got {n_train}")
     if not (isinstance(noise, (int, float)) and noise >= 0):
         raise ValueError(f"noise must be a non-negative number, got {noise!r}")
     if isinstance(interaction, bool) or not isinstance(interaction, (int, float)) or not np.isfinite(interaction):
