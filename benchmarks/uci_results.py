@@ -125,7 +125,7 @@ def reason(error: str) -> str:
         return f"{name} at jitter {float(jitter.group(1).rstrip('.')):.0e}"
     nans = re.search(r"(\d+) of (\d+) elements", detail)
     if nans:
-        return f"{name}: Cholesky input {int(nans.group(1)) / int(nans.group(2)):.0%} NaN"
+        return f"{name}: Cholesky input {100 * int(nans.group(1)) / int(nans.group(2)):.2g}% NaN"  # (400 of 10^6: 0.04%)
     return name or error[:60]
 
 
