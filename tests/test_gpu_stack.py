@@ -102,16 +102,22 @@ def test_incomplete_wheels_are_not_a_cuda(tmp_path):
 
 def test_keopscore_finds_nvrtc_through_the_shim(tmp_path):
     """In a fresh process, as a user's: configure() before keopscore's import, then keopscore's own
-    lookup (find_library, then loading what it names) finds the wheel's versioned NVRTC."""
+    lookup (find_library, then loading what it names) finds the wheel's versioned NVRTC. torch is
+    imported first, as lazykern imports it: a CUDA build of torch has loaded its own wheel's
+    libnvrtc.so.13 by then (which keopscore, loading by that name, then shares), a CPU build none (the
+    stand-in wheel's is found)."""
     site = _wheel_site(tmp_path, 13)
     code = f"""
 import ctypes.util, json, os, sys
+import torch
+torch_nvrtc = next((line.split()[-1] for line in open("/proc/self/maps") if "libnvrtc.so" in line), None)
 sys.path.insert(0, {site!r})
 from lazykern import keops_cuda
 shim = keops_cuda.configure()
 from keopscore.config import cuda_config
 found, path, error = cuda_config._try_load_library("nvrtc")
-print(json.dumps({{"shim": shim, "cuda_path": os.environ.get("CUDA_PATH"), "library_path": os.environ["LIBRARY_PATH"],
+print(json.dumps({{"torch_nvrtc": torch_nvrtc, "shim": shim, "cuda_path": os.environ.get("CUDA_PATH"),
+                  "library_path": os.environ["LIBRARY_PATH"],
                   "find_library": ctypes.util.find_library("nvrtc"), "found": found, "path": path, "error": error,
                   "version": keops_cuda.nvrtc_version(os.path.dirname(path)) if found else None}}))
 """
@@ -125,7 +131,8 @@ print(json.dumps({{"shim": shim, "cuda_path": os.environ.get("CUDA_PATH"), "libr
     assert out["cuda_path"] == shim and out["library_path"].split(os.pathsep)[0] == f"{shim}/lib64"
     assert out["find_library"] == "libnvrtc.so.13"
     assert out["found"], out["error"]
-    assert os.path.realpath(out["path"]) == os.path.realpath(f"{site}/nvidia/cu13/lib/libnvrtc.so.13")
+    wheel_nvrtc = out["torch_nvrtc"] or f"{site}/nvidia/cu13/lib/libnvrtc.so.13"
+    assert os.path.realpath(out["path"]) == os.path.realpath(wheel_nvrtc)
     assert out["version"] == [13, 0]
 
 
