@@ -35,9 +35,9 @@ import os
 import platform
 import shutil
 import subprocess
-import threading
 import time
 
+from ..compiler.programs import Programs
 from .codegen import Reduction, generate
 
 __all__ = [
@@ -64,8 +64,7 @@ FLAGS_ENV = "LAZYKERN_CPU_FLAGS"
 CACHE_ENV = "LAZYKERN_CPU_CACHE"
 
 _LOCK_TIMEOUT_S = 1800
-_loaded: dict[object, ctypes._CFuncPtr] = {}  # by Reduction, or by source text
-_lock = threading.Lock()
+_programs = Programs()  # by Reduction, or by source text
 
 #: (library name, seconds) of each compile this process ran, for reports and benchmarks.
 compile_log: list[tuple[str, float]] = []
@@ -155,7 +154,7 @@ def loaded_programs() -> int:
         >>> loaded_programs() >= 0
         True
     """
-    return len(_loaded)
+    return len(_programs)
 
 
 _REDUCE_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 6
@@ -163,23 +162,12 @@ _REDUCE_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 6
 
 def load(red: Reduction) -> ctypes._CFuncPtr:
     """The compiled function of ``red`` (compiled on first use, then cached on disk and in memory)."""
-    return _load_cached(red, lambda: _load_or_compile(generate(red), "lk_reduce", _REDUCE_ARGTYPES))
+    return _programs.get(red, lambda: _load_or_compile(generate(red), "lk_reduce", _REDUCE_ARGTYPES))
 
 
 def load_source(source: str, symbol: str, argtypes: list) -> ctypes._CFuncPtr:
     """The function ``symbol`` of a fixed C ``source`` (compiled and cached like a reduction)."""
-    return _load_cached(source, lambda: _load_or_compile(source, symbol, argtypes))
-
-
-def _load_cached(key: object, make) -> ctypes._CFuncPtr:
-    fn = _loaded.get(key)
-    if fn is not None:
-        return fn
-    with _lock:
-        fn = _loaded.get(key)
-        if fn is None:
-            fn = _loaded[key] = make()
-    return fn
+    return _programs.get(source, lambda: _load_or_compile(source, symbol, argtypes))
 
 
 def _load_or_compile(source: str, symbol: str, argtypes: list) -> ctypes._CFuncPtr:

@@ -21,12 +21,12 @@ import threading
 
 from .. import keops_cuda
 from ..compiler.plan import Reduction
+from ..compiler.programs import Programs
 from .codegen import generate
 
 __all__ = ["folder", "interpreted", "load"]
 
-_loaded: dict[Reduction, object] = {}
-_lock = threading.Lock()
+_programs = Programs()
 
 
 def interpreted() -> bool:
@@ -47,13 +47,7 @@ def folder() -> str:
 
 def load(red: Reduction) -> object:
     """The ``@triton.jit`` kernel of ``red``, generated and imported on first use."""
-    kernel = _loaded.get(red)
-    if kernel is None:
-        with _lock:
-            kernel = _loaded.get(red)
-            if kernel is None:
-                kernel = _loaded[red] = _import(generate(red))
-    return kernel
+    return _programs.get(red, lambda: _import(generate(red)))
 
 
 def _import(source: str) -> object:
