@@ -289,13 +289,14 @@ def component_analysis(
         # the grid becomes dimension d's one-dimensional inputs.
         formula, t_dims, x_dims, params = _first_order(kernel, outer, grid, x)
         cross = backend.pairwise_matmul(formula, t_dims, x_dims, params, alpha.unsqueeze(-1)).squeeze(-1)  # (D, T)
-        # Row means of c_d z_d over the training inputs: the centring of every component.
-        means = backend.pairwise_matmul(formula, x_dims, x_dims, params,
-                                        torch.full_like(x[:, :1], 1.0 / x.shape[0])).squeeze(-1)  # (D, N)
+        # One pass over training pairs, two columns: the row means of c_d z_d over the training
+        # inputs (the centring of every component) and each component at the training inputs.
+        columns = torch.cat([torch.full_like(x[:, :1], 1.0 / x.shape[0]), alpha.unsqueeze(-1)], -1)
+        means, at_train = backend.pairwise_matmul(formula, x_dims, x_dims, params, columns).unbind(-1)  # (D, N) each
         offsets = means @ alpha
         variance = (_variance(model, formula, t_dims, x_dims, params, means)
                     if x.shape[0] <= variance_max_n else None)
-        orders, dims, totals, kind = _shares(kernel, outer, formula, x, x_dims, params, alpha)
+        orders, dims, totals, kind = _shares(kernel, outer, x, at_train, alpha)
         totals, errors, total_kind = _total_effects(model, kernel, x, alpha, totals, effect_points)
     constant = getattr(model.mean_module, "constant", None)
     return ComponentAnalysis(grid=grid, mean=(cross - offsets.unsqueeze(-1)).T, variance=variance,
@@ -318,12 +319,13 @@ def _variance(model, formula, t_dims: Tensor, x_dims: Tensor, params: dict[str, 
     return (prior - (v * v).sum(-2)).clamp_min(0).T
 
 
-def _shares(kernel, outer, formula, x, x_dims, params, alpha):
+def _shares(kernel, outer, x, at_train, alpha):
+    """``at_train`` (D, N): each first-order component at the training inputs."""
     if isinstance(kernel, OrthogonalAdditiveKernel):
         return _sobol(kernel, outer, x, alpha)
     # Empirical: variance over (evenly spaced) training inputs of each order's and each dimension's component.
     rows = torch.linspace(0, x.shape[0] - 1, min(x.shape[0], SHARE_POINTS), device=x.device).round().long()
-    first = backend.pairwise_matmul(formula, x_dims[:, rows], x_dims, params, alpha.unsqueeze(-1)).squeeze(-1)  # (D, S)
+    first = at_train[:, rows]  # (D, S)
     if isinstance(kernel, NewtonGirardAdditiveKernel):
         r = kernel.max_degree
         x_, _, base_params = kernel.formula_arguments(x, x)
