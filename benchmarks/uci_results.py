@@ -27,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lazykern.kernel_names import TOLERANCES
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 RECORDS = RESULTS / "uci.jsonl"
@@ -76,8 +78,9 @@ def worker(job: dict) -> dict:
                           iters=job["iters"], optimizer=job["optimizer"], tolerance=job["tolerance"],
                           y_scale=data.y_std, max_cholesky_size=job["max_cholesky"], progress=False)
     record = result.to_dict()
-    record.update({k: job[k] for k in ("dataset", "split", "seed", "optimizer", "tolerance", "max_cholesky", "full")})
+    record.update({k: job[k] for k in ("dataset", "split", "seed", "optimizer", "max_cholesky", "full")})
     record["requested_max_degree"] = job["max_degree"]
+    record["requested_tolerance"] = job["tolerance"]  # None: the optimizer's default; "tolerance": the one used
     record["n_train"] = data.n_train
     record["requested_n_train"] = job["n_train"]
     return record
@@ -96,7 +99,8 @@ def run_one(job: dict, timeout: float) -> dict:
 
 
 def key(record: dict) -> tuple:
-    renamed = {"n_train": "requested_n_train", "max_degree": "requested_max_degree"}
+    # Records before requested_tolerance existed hold the requested tolerance as "tolerance".
+    renamed = {"n_train": "requested_n_train", "max_degree": "requested_max_degree", "tolerance": "requested_tolerance"}
     return (record["dataset"], record["kernel"], record["split"], record["full"],
             *(record.get(renamed.get(k, k), record.get(k)) for k in SETTINGS))
 
@@ -276,7 +280,9 @@ def describe(meta: dict, records: list[dict]) -> str:
             f"subset for every kernel), all test points; {s['dtype']}. One recipe for every kernel "
             f"(:func:`lazykern.regression.train`): lengthscales initialized at the square root of the number of "
             f"dimensions a kernel term multiplies, then {s['optimizer']} optimizer (L-BFGS on the exact Cholesky path, "
-            f"at most {s['iters']} iterations, stopping when the loss changes by less than {s['tolerance']}); "
+            f"at most {s['iters']} iterations, stopping when the loss changes by less than "
+            f"{s['tolerance'] or TOLERANCES['lbfgs']:g}, a float32 model then refined in float64 until it converges "
+            f"again); "
             f"``additive-ng`` and ``oak`` with max_degree = {s['max_degree'] or 'd (all orders, the default)'}. "
             f"Machine: "
             f"{m['cpu']}, {m['cores']} cores, shared with other jobs while measured (times are indicative), torch "
@@ -421,7 +427,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--optimizer", default="auto")
-    parser.add_argument("--tolerance", type=float, default=1e-4)
+    parser.add_argument("--tolerance", type=float, default=None, help="default: the optimizer's (TOLERANCES)")
     parser.add_argument("--max-degree", type=int, default=None)
     parser.add_argument("--max-cholesky", type=int, default=2000)
     parser.add_argument("--timeout", type=float, default=6 * 3600, help="seconds per run (default 6 h)")
@@ -457,7 +463,8 @@ def main() -> None:
                        "n_train": None if args.full else N_TRAIN.get(dataset, args.n_train), "iters": args.iters,
                        "optimizer": args.optimizer, "tolerance": args.tolerance, "max_degree": args.max_degree,
                        "max_cholesky": args.max_cholesky, "full": args.full}
-                probe = {**job, "requested_n_train": job["n_train"], "requested_max_degree": job["max_degree"]}
+                probe = {**job, "requested_n_train": job["n_train"], "requested_max_degree": job["max_degree"],
+                         "requested_tolerance": job["tolerance"]}
                 if key(probe) in done and not args.force:
                     continue
                 print(f"{dataset} split {split} / {kernel}{' (full)' if args.full else ''} ...", flush=True)

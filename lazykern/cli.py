@@ -50,6 +50,7 @@ from .kernel_names import (
     INTERACTION_KERNELS,
     KERNELS,
     OPTIMIZERS,
+    TOLERANCES,
 )
 
 __all__ = ["main", "CPU_DEFAULT_N_TRAIN", "DEMO_CPU_N_TRAIN", "PRECOMPILE_DIMS"]
@@ -69,8 +70,7 @@ CHOLESKY_MAX = 2000
 float32) is cheaper on a CPU than conjugate gradients, and exact."""
 
 DEFAULT_ITERS = 200
-DEFAULT_TOLERANCE = 1e-4
-# fit_evaluate's defaults (tests/test_cli.py checks they agree); repeated here because the parser
+# fit_evaluate's default (tests/test_cli.py checks they agree); repeated here because the parser
 # answers before lazykern.regression (torch, GPyTorch) is imported.
 
 PLOT_FORMATS = (".png", ".pdf", ".svg", ".eps", ".jpg", ".jpeg")
@@ -159,10 +159,10 @@ def _build_parser() -> argparse.ArgumentParser:
                          f"stops earlier once converged (default {DEFAULT_ITERS})")
         sub.add_argument("--lr", type=_positive_float, default=None,
                          help="initial step: default 1 for L-BFGS (its line search adapts it), 0.1 for Adam")
-        sub.add_argument("--tolerance", type=_positive_float, default=DEFAULT_TOLERANCE, metavar="T",
+        sub.add_argument("--tolerance", type=_positive_float, default=None, metavar="T",
                          help="converged when the loss (nats per training point) changes by less than this per "
-                         f"step: between L-BFGS iterations, over Adam's plateau window of 30 steps (default "
-                         f"{DEFAULT_TOLERANCE:g})")
+                         "step: between L-BFGS iterations, over Adam's plateau window of 30 steps (default "
+                         f"{TOLERANCES['lbfgs']:g} for L-BFGS, {TOLERANCES['adam']:g} for Adam)")
         sub.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                          help="floating point precision (default float32)")
         sub.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -351,7 +351,9 @@ def _training(record: dict[str, Any]) -> str:
     name = _OPTIMIZER_NAMES[record["optimizer_used"]] + (" (auto)" if record["optimizer"] == "auto" else "")
     ended = "converged" if record["converged"] else "NOT converged"
     if record["optimizer_used"] == "lbfgs":
-        ran = f"{record['iterations']} of at most {record['iters']} iterations, {record['evaluations']} loss evaluations"
+        refined = "" if record["float64_from"] is None else f" (float64 after iteration {record['float64_from']})"
+        ran = (f"{record['iterations']} of at most {record['iters']} iterations{refined}, {record['evaluations']} loss "
+               "evaluations")
     else:
         ran = f"{record['iterations']} steps of at most {record['iters']}"
     return f"{name}: {ran}; {ended} ({record['stop_reason']})"
@@ -489,8 +491,8 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     rmse, nlpd = gaussian_metrics(torch.zeros_like(data.test_y), torch.ones_like(data.test_y), data.test_y)
     mean_predictor = {"rmse": rmse, "nlpd": nlpd, "rmse_original": rmse * data.y_std,
                       "nlpd_original": nlpd + math.log(data.y_std)}
-    record = {"dataset": data.name, "split": data.split, "seed": args.seed, "tolerance": args.tolerance,
-              **results[0].to_dict(), "mean_predictor": mean_predictor}
+    record = {"dataset": data.name, "split": data.split, "seed": args.seed, **results[0].to_dict(),
+              "mean_predictor": mean_predictor}
     if args.compare:
         record["compare"] = [r.to_dict() for r in results[1:]]
     print(_report(record), file=report)

@@ -343,7 +343,7 @@ def test_optimizer_flags_reach_the_recipe_and_the_report(flags, used, training, 
     requested = dict(zip(flags[::2], flags[1::2]))
     assert record["optimizer"] == requested.get("--optimizer", "auto") and record["optimizer_used"] == used
     assert record["lr"] == (float(requested["--lr"]) if "--lr" in requested else None)
-    assert record["tolerance"] == float(requested.get("--tolerance", 1e-4))
+    assert record["tolerance"] == float(requested.get("--tolerance", kernel_names.TOLERANCES[used]))
     assert record["solver"] == ("cg" if "--max-cholesky" in requested else "cholesky")
     assert record["evaluations"] == 3 if used == "adam" else 1 <= record["evaluations"] <= 6
     assert training in captured.err

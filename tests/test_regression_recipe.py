@@ -72,6 +72,40 @@ def test_optimizers_converge_and_stop(optimizer, tolerance):
     assert losses.converged and losses.stop_reason == ("plateau" if optimizer == "adam" else
                                                        "loss change below tolerance")
     assert losses.iterations <= 300 and not losses.interventions
+    assert losses.float64_from is None and losses.tolerance == tolerance
+
+
+def _loss(model, likelihood) -> float:
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    with torch.no_grad(), settings.engine("torch"):
+        return -mll(model(*model.train_inputs), model.train_targets).item()
+
+
+@pytest.mark.parametrize("optimizer, tolerance", [("lbfgs", None), ("adam", 1e-3)])
+def test_converged_float32_lbfgs_is_refined_in_float64_and_adam_is_not(optimizer, tolerance, monkeypatch):
+    x, y = _relevant_two_of(4, 120, 0)
+    model, likelihood = build_model(x.float(), y.float(), "rbf-ard")
+    at_switch = []
+
+    def to_float64(m):  # the float64 loss where float32's L-BFGS converged
+        regression.to_float64(m)
+        at_switch.append(_loss(m, likelihood))
+
+    monkeypatch.setattr(regression.training, "to_float64", to_float64)
+    with settings.engine("torch"):
+        log = train(model, likelihood, iters=300, optimizer=optimizer, tolerance=tolerance, progress=False)
+    assert log.converged and not log.interventions
+    if optimizer == "adam":
+        assert log.float64_from is None and model.train_inputs[0].dtype == torch.float32 and log.tolerance == 1e-3
+        assert at_switch == []
+        return
+    # float32 converged after float64_from iterations; float64 went on from its best point until it
+    # converged again, lower. (float32's own loss there was 8e-4 lower than float64's: at this noise
+    # level its rounding of the log determinant is that large.)
+    assert log.tolerance == regression.TOLERANCES["lbfgs"] == 1e-6
+    assert 0 < log.float64_from < log.iterations <= 300 and log.stop_reason == "loss change below tolerance"
+    assert model.train_inputs[0].dtype == model.likelihood.noise.dtype == torch.float64
+    assert len(at_switch) == 1 and _loss(model, likelihood) < at_switch[0]
 
 
 @pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])

@@ -25,7 +25,9 @@ the exact marginal log likelihood by one recipe for every kernel (:func:`train`)
 * **an optimizer that stops when converged**: L-BFGS with a strong-Wolfe line search while the
   likelihood is exact (Cholesky, up to ``gpytorch.settings.max_cholesky_size`` points), Adam with
   a plateau schedule on the stochastic conjugate-gradient path, both stopping when the loss stops
-  improving (``tolerance``) or after ``iters`` steps, and saying which (:class:`TrainingLog`);
+  improving (``tolerance``, :data:`TOLERANCES`) or after ``iters`` steps, and saying which
+  (:class:`TrainingLog`); a float32 model whose L-BFGS converged is refined in float64 until it
+  converges again (float32 rounding ends line searches early);
 * **a recipe that steps in instead of failing**: an evaluation whose Cholesky factorization fails
   goes back to the best hyperparameters evaluated so far and continues in float64 (the cause on
   UCI data was float32 rounding), and says so (``interventions``).
@@ -46,7 +48,7 @@ from ..kernel_names import DEFAULT_KERNEL, KERNELS
 from .evaluation import PeakMemory, RegressionResult, fit_evaluate, gaussian_metrics, hyperparameters, predict
 from .model import DEFAULT_MAX_DEGREE, INITIAL_NOISE, TOP_ORDER_SHARE, ExactGPRegressor, build_model, initialize, \
     make_kernel
-from .training import ADAM_PLATEAU_WINDOW, OPTIMIZERS, TrainingLog, resolve_optimizer, to_float64, train
+from .training import ADAM_PLATEAU_WINDOW, OPTIMIZERS, TOLERANCES, TrainingLog, resolve_optimizer, to_float64, train
 
 __all__ = [
     "KERNELS",
@@ -55,6 +57,7 @@ __all__ = [
     "INITIAL_NOISE",
     "TOP_ORDER_SHARE",
     "OPTIMIZERS",
+    "TOLERANCES",
     "ADAM_PLATEAU_WINDOW",
     "ExactGPRegressor",
     "RegressionResult",

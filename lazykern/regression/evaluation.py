@@ -161,6 +161,7 @@ class RegressionResult:
         dtype, device: where it ran.
         iters, lr, optimizer: training settings (``lr`` ``None``: the optimizer's default).
         optimizer_used: the optimizer that ran, ``"lbfgs"`` or ``"adam"`` (``"auto"`` resolved).
+        tolerance: the convergence threshold training used (the optimizer's default unless given).
         max_degree: highest interaction order of the kernel (``None`` for kernels without orders).
         solver: ``"cholesky"`` or ``"cg"`` (conjugate gradients and Lanczos on lazy matvecs).
         rmse, nlpd: test RMSE and mean NLPD in the units of the targets given.
@@ -176,8 +177,10 @@ class RegressionResult:
         stop_reason: why training stopped (:attr:`~lazykern.regression.TrainingLog.stop_reason`).
         interventions: what the recipe did when a factorization failed, one sentence each
             (training and prediction); empty when it never had to.
-        computed_dtype: the dtype the model ended in (``"float64"`` when the recipe had to move a
-            float32 model there).
+        float64_from: the iteration after which a float32 model's training went on in float64
+            (:attr:`~lazykern.regression.TrainingLog.float64_from`), ``None`` if it never did.
+        computed_dtype: the dtype the model ended in (``"float64"`` when the recipe moved a float32
+            model there: to refine converged L-BFGS, or after a failed factorization).
         hyperparameters: final hyperparameters (see :func:`hyperparameters`).
         order_shares, dimension_shares, total_effects, total_effects_se, analysis_kind,
             total_effects_kind: what the model learned, from
@@ -199,6 +202,7 @@ class RegressionResult:
     lr: float | None
     optimizer: str
     optimizer_used: str
+    tolerance: float
     max_degree: int | None
     solver: str
     rmse: float
@@ -215,6 +219,7 @@ class RegressionResult:
     converged: bool
     stop_reason: str
     interventions: list[str]
+    float64_from: int | None
     computed_dtype: str
     hyperparameters: dict[str, Any]
     order_shares: list[float] | None
@@ -249,7 +254,7 @@ def fit_evaluate(
     iters: int = 200,
     lr: float | None = None,
     optimizer: str = "auto",
-    tolerance: float = 1e-4,
+    tolerance: float | None = None,
     y_scale: float = 1.0,
     max_cholesky_size: int | None = None,
     analyze: bool = True,
@@ -335,6 +340,7 @@ def fit_evaluate(
         lr=lr,
         optimizer=optimizer,
         optimizer_used=optimizer_used,
+        tolerance=log.tolerance,
         max_degree=getattr(inner, "max_degree", None),
         solver="cholesky" if train_x.shape[0] <= max_cholesky_size else "cg",
         rmse=rmse,
@@ -351,6 +357,7 @@ def fit_evaluate(
         converged=log.converged,
         stop_reason=log.stop_reason,
         interventions=log.interventions,
+        float64_from=log.float64_from,
         computed_dtype=str(model.train_inputs[0].dtype).removeprefix("torch."),
         hyperparameters=hyperparameters(model),
         **learned,

@@ -26,11 +26,11 @@ import torch
 from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 
-from ..kernel_names import OPTIMIZERS
+from ..kernel_names import OPTIMIZERS, TOLERANCES
 from ..validation import check_positive_int, check_positive_number
 
-__all__ = ["ADAM_PLATEAU_WINDOW", "NUMERICAL_FAILURES", "OPTIMIZERS", "TrainingLog", "resolve_optimizer", "to_float64",
-           "train"]
+__all__ = ["ADAM_PLATEAU_WINDOW", "NUMERICAL_FAILURES", "OPTIMIZERS", "TOLERANCES", "TrainingLog", "resolve_optimizer",
+           "to_float64", "train"]
 
 ADAM_PLATEAU_WINDOW = 30
 """Steps over which Adam's plateau rule (:func:`train`) compares the loss.
@@ -67,6 +67,11 @@ class TrainingLog(list):
             its line search; Adam steps).
         interventions: what the recipe did when an evaluation failed, one sentence each (empty
             when it never had to).
+        tolerance: the convergence threshold training used (``tolerance``, or the optimizer's
+            default from :data:`~lazykern.kernel_names.TOLERANCES`).
+        float64_from: the iteration after which training went on in float64 (a float32 model
+            whose L-BFGS converged is refined in float64, and one whose evaluation failed continues
+            in it; see :func:`train`), or ``None`` when it stayed in its own dtype.
 
     Example:
         >>> from lazykern.regression import TrainingLog
@@ -76,12 +81,15 @@ class TrainingLog(list):
     """
 
     def __init__(self, losses=(), *, converged: bool = False, stop_reason: str = "", iterations: int = 0,
-                 interventions: list[str] | None = None) -> None:
+                 interventions: list[str] | None = None, tolerance: float | None = None,
+                 float64_from: int | None = None) -> None:
         super().__init__(losses)
         self.converged = converged
         self.stop_reason = stop_reason
         self.iterations = iterations
         self.interventions = [] if interventions is None else interventions
+        self.tolerance = tolerance
+        self.float64_from = float64_from
 
     @property
     def evaluations(self) -> int:
@@ -112,13 +120,19 @@ def train(
     progress: bool = True,
     *,
     optimizer: str = "auto",
-    tolerance: float = 1e-4,
+    tolerance: float | None = None,
 ) -> TrainingLog:
     r"""Maximize the exact marginal log likelihood until it converges; returns a :class:`TrainingLog`.
 
     * ``"lbfgs"``: L-BFGS (history 10) with a strong-Wolfe line search, at most ``iters``
       iterations and ``2 iters`` loss evaluations; converged when the loss changes by less than
-      ``tolerance`` between iterations (or the step or gradient vanishes).
+      ``tolerance`` between iterations (or the step or gradient vanishes). **A float32 model is
+      refined in float64**: when its L-BFGS converges with iterations left, the model and its
+      training data move to float64 and L-BFGS goes on from the best point until it converges
+      again. float32 rounding of the loss and its gradient can end the line search before the
+      optimum: on UCI pumadyn32nm (split 0, 1,500 points, Newton–Girard) float32 stopped at a loss
+      of -0.0475 (test RMSE 0.221) and float64 went on to -0.0543 (0.219) in 30 more iterations;
+      where float32 had converged, float64 ends within a few iterations.
     * ``"adam"``: Adam; whenever the loss improved by less than ``tolerance`` per step over the
       last :data:`ADAM_PLATEAU_WINDOW` (30) steps, the learning rate is halved; converged at the
       fifth such plateau.
@@ -146,7 +160,8 @@ def train(
         progress: show a tqdm progress bar (on stderr) counting optimizer iterations, with the best
             loss so far.
         optimizer: one of :data:`OPTIMIZERS`.
-        tolerance: convergence threshold on the loss (nats per training point).
+        tolerance: convergence threshold on the loss (nats per training point); default: the
+            optimizer's, :data:`~lazykern.kernel_names.TOLERANCES` (L-BFGS 1e-6, Adam 1e-4).
 
     Example:
         >>> import torch
@@ -161,12 +176,14 @@ def train(
     check_positive_int("iters", iters)
     if lr is not None:
         check_positive_number("lr", lr)
-    check_positive_number("tolerance", tolerance)
+    if tolerance is not None:
+        check_positive_number("tolerance", tolerance)
     optimizer = resolve_optimizer(optimizer, model.train_inputs[0].shape[-2])
+    tolerance = TOLERANCES[optimizer] if tolerance is None else tolerance
     model.train()
     likelihood.train()
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
-    log = TrainingLog()
+    log = TrainingLog(tolerance=tolerance)
     best = _Best(model)
 
     def objective() -> Tensor:
@@ -183,7 +200,6 @@ def train(
             parameters = [p for p in model.parameters() if p.requires_grad]
             try:
                 run(log, parameters, objective, iters - log.iterations, lr, tolerance, bar, best)
-                break
             except (*NUMERICAL_FAILURES, _NonFiniteLoss) as err:
                 failure = f"{type(err).__name__} at evaluation {len(log) + 1}"
                 best.restore()
@@ -192,9 +208,16 @@ def train(
                                              "evaluated before it")
                     log.converged, log.stop_reason = False, "numerical failure"
                     break
-                to_float64(model)
                 log.interventions.append(f"{failure} (float32): continued in float64 from the best hyperparameters "
                                          "evaluated before it")
+            else:
+                refine = (optimizer == "lbfgs" and log.converged and _dtype(model) == torch.float32
+                          and log.iterations < iters)
+                if not refine:
+                    break
+                best.restore()
+            to_float64(model)
+            log.float64_from = log.iterations
     return log
 
 
