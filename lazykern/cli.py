@@ -213,7 +213,8 @@ def _build_parser() -> argparse.ArgumentParser:
                      "found as for 'lazykern uci')")
     pre.add_argument("--data-dir", type=Path, default=None, help="folder with one sub-folder per dataset")
     pre.add_argument("--dtype", choices=("float32", "float64"), nargs="+", action="extend", default=None,
-                     help="floating point precisions (default float32, as 'lazykern uci')")
+                     help="floating point precisions (default float32 and float64: 'lazykern uci' trains in "
+                     "float32 and refines L-BFGS's optimum in float64)")
     pre.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                      help="where the kernels will run (default: cuda if available, else cpu)")
     pre.add_argument("--jobs", type=_positive_int, default=1, metavar="J",
@@ -439,22 +440,33 @@ def _context(record: dict[str, Any]) -> str:
 
 def _warm_up(kernel: str, max_degree: int | None, data, device, dtype, args: argparse.Namespace) -> None:
     """Compile ``kernel``'s reductions before training, saying so on stderr when that takes a while."""
+    import gpytorch
+    import torch
+
+    from .regression import make_kernel, resolve_optimizer
     from .warmup import precompile
-    from .regression import make_kernel
+
+    announced = []
 
     def announce(folder: str) -> None:
-        print(f"compiling the {kernel} reductions for first use: {COMPILE_TIMES}; cached in {folder}",
-              file=sys.stderr, flush=True)
+        if not announced:
+            announced.append(folder)
+            print(f"compiling the {kernel} reductions for first use: {COMPILE_TIMES}; cached in {folder}",
+                  file=sys.stderr, flush=True)
 
-    report = precompile(make_kernel(kernel, data.d, max_degree).to(device), dtype=dtype, dims=data.d,
-                        points=data.n_train, on_compile=None if args.quiet else announce)
+    # A float32 model that L-BFGS trains is refined in float64 (lazykern.regression.train): both dtypes run.
+    with gpytorch.settings.max_cholesky_size(args.max_cholesky):
+        refined = dtype == torch.float32 and resolve_optimizer(args.optimizer, data.n_train) == "lbfgs"
+    reports = [precompile(make_kernel(kernel, data.d, max_degree).to(device), dtype=t, dims=data.d,
+                          points=data.n_train, on_compile=None if args.quiet else announce)
+               for t in ((dtype, torch.float64) if refined else (dtype,))]
+    compiled, cached, seconds = (sum(getattr(r, k) for r in reports) for k in ("compiled", "cached", "seconds"))
     if args.quiet:
         return
-    if report.compiled:
-        print(f"compiled {report.compiled} {kernel} reductions in {report.seconds:.1f} s", file=sys.stderr, flush=True)
+    if compiled:
+        print(f"compiled {compiled} {kernel} reductions in {seconds:.1f} s", file=sys.stderr, flush=True)
     elif args.verbose:
-        print(f"{kernel}: reductions cached ({report.cached} loaded in {report.seconds:.1f} s)",
-              file=sys.stderr, flush=True)
+        print(f"{kernel}: reductions cached ({cached} loaded in {seconds:.1f} s)", file=sys.stderr, flush=True)
 
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:
@@ -540,7 +552,7 @@ def _precompile_one(kernel: str, dims: int, dtype: str, device: str, verbose: bo
 
 def _precompile(args: argparse.Namespace, out: TextIO) -> int:
     kernels = list(dict.fromkeys(args.kernel or LAZYKERN_KERNELS))
-    dtypes = list(dict.fromkeys(args.dtype or ["float32"]))
+    dtypes = list(dict.fromkeys(args.dtype or ["float32", "float64"]))
     dims = list(args.dims or [])
     for name in args.dataset or []:
         dims.append(_dataset_dims(name, args.data_dir, progress=not args.quiet))

@@ -149,7 +149,9 @@ def precompile(
 
     Args:
         kernel: a GPyTorch kernel built from lazykern kernels (e.g. ``ScaleKernel(AdditiveStructureKernel(...))``).
-        dtype: ``torch.float32`` or ``torch.float64`` (the dtype you will train in).
+        dtype: ``torch.float32`` or ``torch.float64`` (the dtype you will train in; a float32
+            model that :func:`lazykern.regression.train` trains by L-BFGS is refined in float64,
+            so ``lazykern uci`` precompiles both).
         dims: number of input columns; inferred from ``active_dims``, ``num_dims`` or
             ``ard_num_dims`` when omitted.
         columns: right-hand-side counts to compile for.

@@ -293,6 +293,29 @@ def test_training_defaults_are_fit_evaluates():
 TINY_DEMO = ["demo", "--n-train", "200", "--n-test", "50", "--quiet"]  # under 512 points: the torch engine
 
 
+@pytest.mark.parametrize("flags, dtypes", [([], ["float32", "float64"]), (["--max-cholesky", "100"], ["float32"]),
+                                           (["--dtype", "float64"], ["float64"])])
+def test_the_warm_up_compiles_the_dtypes_training_runs(flags, dtypes, monkeypatch):
+    """A float32 model trained by L-BFGS is refined in float64: the warm-up compiles both, so training
+    compiles nothing unannounced; Adam (the CG path, above --max-cholesky) stays in float32."""
+    import torch
+
+    from lazykern import cli, warmup
+    from lazykern.warmup import PrecompileReport
+
+    seen = []
+
+    def precompile(kernel, dtype, **_):
+        seen.append(str(dtype).removeprefix("torch."))
+        return PrecompileReport("", 0, 1, 0.0)
+
+    monkeypatch.setattr(warmup, "precompile", precompile)
+    args = cli._build_parser().parse_args(["demo", *flags])
+    data = type("Data", (), {"d": 3, "n_train": 200})()
+    cli._warm_up("additive-rbf", None, data, torch.device("cpu"), getattr(torch, args.dtype), args)
+    assert seen == dtypes
+
+
 def test_iterations_running_out_is_reported_and_warned(capsys):
     assert main([*TINY_DEMO, "--kernel", "rbf-ard", "--iters", "3", "--json", "-"]) == 0
     captured = capsys.readouterr()
