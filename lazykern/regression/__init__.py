@@ -25,7 +25,7 @@ the exact marginal log likelihood by one recipe for every kernel (:func:`train`)
 * **an optimizer that stops when converged**: L-BFGS with a strong-Wolfe line search while the
   likelihood is exact (Cholesky, up to ``gpytorch.settings.max_cholesky_size`` points), Adam with
   a plateau schedule on the stochastic conjugate-gradient path, both stopping when the loss stops
-  improving (``tolerance``, :data:`TOLERANCES`) or after ``iters`` steps, and saying which
+  improving (``tolerance``, :data:`~lazykern.kernel_names.TOLERANCES`) or after ``iters`` steps, and saying which
   (:class:`TrainingLog`); a float32 model whose L-BFGS converged is refined in float64 until it
   converges again (float32 rounding ends line searches early);
 * **a recipe that steps in instead of failing**: an evaluation whose Cholesky factorization fails
