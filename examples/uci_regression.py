@@ -3,10 +3,12 @@
     python3 examples/uci_regression.py [DATASET] [--n-train N] [--iters N] [--out FOLDER]
 
 The kernel is a sum over input dimensions of one-dimensional RBF kernels, each with its own
-lengthscale and weight, evaluated as one KeOps formula (never a d x n x n tensor). It prints the
+lengthscale and weight, evaluated as one lazy formula (never a d x n x n tensor). It prints the
 test RMSE and NLPD next to the mean predictor's, the inputs ranked by total effect (printed by
 :func:`lazykern.components.report_lines`, as ``lazykern uci`` prints them), and writes the test
 predictions in original units (target, mean, standard deviation) to FOLDER/uci_regression_DATASET.csv.
+The data are float32; once L-BFGS has converged, :func:`lazykern.regression.train` moves the model to
+float64 and refines it there (float32 rounding ends line searches early), so it predicts in float64.
 
 Data: --data-dir, else $LAZYKERN_DATA, else downloaded once (checksum-verified) into
 ~/.cache/lazykern/uci; DATASET "synthetic" needs no data.
@@ -36,7 +38,7 @@ likelihood = gpytorch.likelihoods.GaussianLikelihood()
 model = ExactGPRegressor(data.train_x, data.train_y, likelihood, kernel)
 
 # Up to 2000 points an exact Cholesky solve is cheapest; above it GPyTorch switches to conjugate
-# gradients, whose matvecs are the lazy KeOps reductions.
+# gradients, whose matvecs are the lazy reductions.
 with gpytorch.settings.max_cholesky_size(2000):
     train(model, likelihood, iters=args.iters)  # the recipe of lazykern.regression.train; progress on stderr
     mean, variance = predict(model, likelihood, data.test_x)

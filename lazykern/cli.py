@@ -162,9 +162,9 @@ def _build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--tolerance", type=_positive_float, default=None, metavar="T",
                          help="converged when the loss (nats per training point) changes by less than this per "
                          "step: between L-BFGS iterations, over Adam's plateau window of 30 steps (default "
-                         f"{TOLERANCES['lbfgs']:g} for L-BFGS, {TOLERANCES['adam']:g} for Adam)")
+                         f"{TOLERANCES['lbfgs']:.0e} for L-BFGS, {TOLERANCES['adam']:.0e} for Adam)")
         sub.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                         help="floating point precision (default float32)")
+                         help="floating point precision (default float32; L-BFGS then finishes in float64)")
         sub.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                          help="where to run (default: cuda if available, else cpu)")
         sub.add_argument("--max-cholesky", type=_int_at_least(0), default=CHOLESKY_MAX, metavar="N",
@@ -351,13 +351,14 @@ def _training(record: dict[str, Any]) -> str:
     """What the optimizer ran against its limit (``--iters``), and whether it converged."""
     name = _OPTIMIZER_NAMES[record["optimizer_used"]] + (" (auto)" if record["optimizer"] == "auto" else "")
     ended = "converged" if record["converged"] else "NOT converged"
-    if record["optimizer_used"] == "lbfgs":
-        refined = "" if record["float64_from"] is None else f" (float64 after iteration {record['float64_from']})"
-        ran = (f"{record['iterations']} of at most {record['iters']} iterations{refined}, {record['evaluations']} loss "
-               "evaluations")
+    lbfgs = record["optimizer_used"] == "lbfgs"
+    float64 = "" if record["float64_from"] is None else \
+        f" (float64 after {'iteration' if lbfgs else 'step'} {record['float64_from']})"
+    if lbfgs:
+        ran = f"{record['iterations']} of at most {record['iters']} iterations{float64}, {record['evaluations']} loss evaluations"
     else:
-        ran = f"{record['iterations']} steps of at most {record['iters']}"
-    return f"{name}: {ran}; {ended} ({record['stop_reason']})"
+        ran = f"{record['iterations']} steps of at most {record['iters']}{float64}"
+    return f"{name}: {ran}, tolerance {record['tolerance']:.0e}; {ended} ({record['stop_reason']})"
 
 
 def _training_notes(record: dict[str, Any]) -> list[str]:
@@ -443,7 +444,7 @@ def _warm_up(kernel: str, max_degree: int | None, data, device, dtype, args: arg
     import gpytorch
     import torch
 
-    from .regression import make_kernel, resolve_optimizer
+    from .regression import make_kernel, refines_in_float64, resolve_optimizer
     from .warmup import precompile
 
     announced = []
@@ -456,7 +457,7 @@ def _warm_up(kernel: str, max_degree: int | None, data, device, dtype, args: arg
 
     # A float32 model that L-BFGS trains is refined in float64 (lazykern.regression.train): both dtypes run.
     with gpytorch.settings.max_cholesky_size(args.max_cholesky):
-        refined = dtype == torch.float32 and resolve_optimizer(args.optimizer, data.n_train) == "lbfgs"
+        refined = refines_in_float64(dtype, resolve_optimizer(args.optimizer, data.n_train))
     reports = [precompile(make_kernel(kernel, data.d, max_degree).to(device), dtype=t, dims=data.d,
                           points=data.n_train, on_compile=None if args.quiet else announce)
                for t in ((dtype, torch.float64) if refined else (dtype,))]

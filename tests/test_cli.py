@@ -23,7 +23,7 @@ FIELDS = (
     "dataset", "split", "kernel", "n_train", "n_test", "d", "dtype", "device", "iters", "rmse", "nlpd",
     "rmse_original", "nlpd_original", "train_seconds", "predict_seconds", "peak_memory_mb", "hyperparameters",
     "mean_predictor", "optimizer", "optimizer_used", "evaluations", "tolerance", "max_degree", "order_shares",
-    "dimension_shares", "analysis_kind",
+    "dimension_shares", "analysis_kind", "float64_from", "computed_dtype",
 )
 HEAVY = ("torch", "gpytorch", "linear_operator", "pykeops", "keopscore", "numpy", "scipy")
 
@@ -316,6 +316,16 @@ def test_the_warm_up_compiles_the_dtypes_training_runs(flags, dtypes, monkeypatc
     assert seen == dtypes
 
 
+def test_a_converged_float32_run_says_where_it_went_on_in_float64(capsys):
+    assert main([*TINY_DEMO, "--kernel", "rbf-ard", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    record = json.loads(captured.out)
+    assert (record["converged"], record["dtype"], record["computed_dtype"]) == (True, "float32", "float64")
+    assert 0 < record["float64_from"] < record["iterations"] and record["tolerance"] == 1e-6
+    assert (f"{record['iterations']} of at most 200 iterations (float64 after iteration {record['float64_from']}), "
+            f"{record['evaluations']} loss evaluations, tolerance 1e-06; converged") in captured.err
+
+
 def test_iterations_running_out_is_reported_and_warned(capsys):
     assert main([*TINY_DEMO, "--kernel", "rbf-ard", "--iters", "3", "--json", "-"]) == 0
     captured = capsys.readouterr()
@@ -347,7 +357,7 @@ def test_oak_with_max_degree_reports_order_shares_and_plots(tmp_path, capsys):
     assert "its total Sobol index; closed form under the input measure" in stdout
     assert (record["optimizer_used"], record["iters"]) == ("lbfgs", 5)
     assert (f"(L-BFGS (auto): {record['iterations']} of at most 5 iterations, {record['evaluations']} loss "
-            f"evaluations; ") in stdout
+            f"evaluations, tolerance 1e-06; ") in stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {plot}" in stdout
 
 

@@ -85,6 +85,7 @@ def test_newton_girard_total_effects_recover_the_truth_whatever_its_first_order_
     for k in range(D):
         assert float(result.total_effects[k]) == pytest.approx(truth[k], abs=0.08), (k, result.total_effects)
     assert result.ranking()[0] == 1 and set(result.ranking()[-4:]) == {4, 5, 6, 7}
+    assert result.variance is not None and bool((result.variance >= 0).all())
 
 
 def test_oak_order_shares_put_the_interaction_where_it_is(trained):

@@ -108,6 +108,27 @@ def test_converged_float32_lbfgs_is_refined_in_float64_and_adam_is_not(optimizer
     assert len(at_switch) == 1 and _loss(model, likelihood) < at_switch[0]
 
 
+def test_a_failure_while_refining_keeps_float32s_convergence(monkeypatch):
+    x, y = _relevant_two_of(4, 120, 0)
+    model, likelihood = build_model(x.float(), y.float(), "rbf-ard")
+    forward = model.forward
+
+    def failing_in_float64(x):
+        if x.dtype == torch.float64:
+            raise NotPSDError("not positive definite")
+        return forward(x)
+
+    monkeypatch.setattr(model, "forward", failing_in_float64)
+    with settings.engine("torch"):
+        log = train(model, likelihood, iters=300, progress=False)
+    assert (log.converged, log.stop_reason) == (True, "loss change below tolerance")
+    assert log.float64_from == log.iterations and len(log.interventions) == 1
+    assert log.interventions[0] == (f"NotPSDError at evaluation {len(log) + 1} (float64, refining): stopped at the "
+                                    "best hyperparameters evaluated before it")
+    monkeypatch.setattr(model, "forward", forward)
+    assert _loss(model, likelihood) == pytest.approx(min(log), abs=1e-2)  # float32's best point, in float64
+
+
 @pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
 def test_running_out_of_iterations_is_not_convergence(optimizer):
     x, y = _relevant_two_of(4, 120, 0)

@@ -48,7 +48,8 @@ from ..kernel_names import DEFAULT_KERNEL, KERNELS
 from .evaluation import PeakMemory, RegressionResult, fit_evaluate, gaussian_metrics, hyperparameters, predict
 from .model import DEFAULT_MAX_DEGREE, INITIAL_NOISE, TOP_ORDER_SHARE, ExactGPRegressor, build_model, initialize, \
     make_kernel
-from .training import ADAM_PLATEAU_WINDOW, OPTIMIZERS, TOLERANCES, TrainingLog, resolve_optimizer, to_float64, train
+from .training import ADAM_PLATEAU_WINDOW, OPTIMIZERS, TOLERANCES, TrainingLog, refines_in_float64, resolve_optimizer, \
+    to_float64, train
 
 __all__ = [
     "KERNELS",
@@ -67,6 +68,7 @@ __all__ = [
     "initialize",
     "train",
     "resolve_optimizer",
+    "refines_in_float64",
     "to_float64",
     "predict",
     "gaussian_metrics",

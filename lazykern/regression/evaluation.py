@@ -158,7 +158,8 @@ class RegressionResult:
     Attributes:
         kernel: kernel name (or class name).
         n_train, n_test, d: data sizes.
-        dtype, device: where it ran.
+        dtype, device: the training inputs' dtype and device (a float32 model may end in float64:
+            ``computed_dtype``).
         iters, lr, optimizer: training settings (``lr`` ``None``: the optimizer's default).
         optimizer_used: the optimizer that ran, ``"lbfgs"`` or ``"adam"`` (``"auto"`` resolved).
         tolerance: the convergence threshold training used (the optimizer's default unless given).

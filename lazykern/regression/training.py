@@ -29,8 +29,8 @@ from torch import Tensor
 from ..kernel_names import OPTIMIZERS, TOLERANCES
 from ..validation import check_positive_int, check_positive_number
 
-__all__ = ["ADAM_PLATEAU_WINDOW", "NUMERICAL_FAILURES", "OPTIMIZERS", "TOLERANCES", "TrainingLog", "resolve_optimizer",
-           "to_float64", "train"]
+__all__ = ["ADAM_PLATEAU_WINDOW", "NUMERICAL_FAILURES", "OPTIMIZERS", "TOLERANCES", "TrainingLog", "refines_in_float64",
+           "resolve_optimizer", "to_float64", "train"]
 
 ADAM_PLATEAU_WINDOW = 30
 """Steps over which Adam's plateau rule (:func:`train`) compares the loss.
@@ -132,7 +132,8 @@ def train(
       again. float32 rounding of the loss and its gradient can end the line search before the
       optimum: on UCI pumadyn32nm (split 0, 1,500 points, Newton–Girard) float32 stopped at a loss
       of -0.0475 (test RMSE 0.221) and float64 went on to -0.0543 (0.219) in 30 more iterations;
-      where float32 had converged, float64 ends within a few iterations.
+      where float32 had converged, float64 ends within a few iterations. A failure while refining
+      stops at the best float64 point and keeps float32's convergence (said in ``interventions``).
     * ``"adam"``: Adam; whenever the loss improved by less than ``tolerance`` per step over the
       last :data:`ADAM_PLATEAU_WINDOW` (30) steps, the learning rate is halved; converged at the
       fifth such plateau.
@@ -194,16 +195,26 @@ def train(
         best.offer(log[-1])
         return loss
 
-    run = _lbfgs if optimizer == "lbfgs" else _adam
+    refining = False  # in float64 after float32's L-BFGS converged
     with tqdm(total=iters, desc=f"training ({optimizer})", disable=not progress, leave=False) as bar:
         while True:
             parameters = [p for p in model.parameters() if p.requires_grad]
+            left = iters - log.iterations
             try:
-                run(log, parameters, objective, iters - log.iterations, lr, tolerance, bar, best)
+                if optimizer == "lbfgs":  # at most 2 iters evaluations over every stage together
+                    _lbfgs(log, parameters, objective, left, 2 * iters - len(log), lr, tolerance, bar, best)
+                else:
+                    _adam(log, parameters, objective, left, lr, tolerance, bar)
             except (*NUMERICAL_FAILURES, _NonFiniteLoss) as err:
                 failure = f"{type(err).__name__} at evaluation {len(log) + 1}"
                 best.restore()
-                if _dtype(model) != torch.float32 or log.iterations >= iters:
+                if refining:  # float32 had converged: that result stands, refined as far as float64 got
+                    log.interventions.append(f"{failure} (float64, refining): stopped at the best hyperparameters "
+                                             "evaluated before it")
+                    log.converged, log.stop_reason = True, "loss change below tolerance"
+                    break
+                spent = log.iterations >= iters or (optimizer == "lbfgs" and len(log) >= 2 * iters)
+                if _dtype(model) != torch.float32 or spent:
                     log.interventions.append(f"{failure} ({_dtype_name(model)}): stopped at the best hyperparameters "
                                              "evaluated before it")
                     log.converged, log.stop_reason = False, "numerical failure"
@@ -211,14 +222,27 @@ def train(
                 log.interventions.append(f"{failure} (float32): continued in float64 from the best hyperparameters "
                                          "evaluated before it")
             else:
-                refine = (optimizer == "lbfgs" and log.converged and _dtype(model) == torch.float32
-                          and log.iterations < iters)
-                if not refine:
+                if not (log.converged and refines_in_float64(_dtype(model), optimizer)):
                     break
                 best.restore()
+                refining = True
             to_float64(model)
+            best.reset()  # float32's losses read low against float64's: the float64 stage keeps its own best
             log.float64_from = log.iterations
     return log
+
+
+def refines_in_float64(dtype: torch.dtype, optimizer: str) -> bool:
+    """Whether :func:`train` refines a model of ``dtype`` in float64 once ``optimizer`` (resolved,
+    ``"lbfgs"`` or ``"adam"``) has converged: float32 models trained by L-BFGS.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.regression import refines_in_float64
+        >>> refines_in_float64(torch.float32, "lbfgs"), refines_in_float64(torch.float32, "adam")
+        (True, False)
+    """
+    return dtype == torch.float32 and optimizer == "lbfgs"
 
 
 class _Best:
@@ -226,6 +250,10 @@ class _Best:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model, self.loss, self.state = model, float("inf"), copy.deepcopy(model.state_dict())
+
+    def reset(self) -> None:
+        """Start over from the model's current state (after a change of dtype)."""
+        self.loss, self.state = float("inf"), copy.deepcopy(self.model.state_dict())
 
     def offer(self, loss: float) -> None:
         if loss < self.loss:
@@ -258,9 +286,9 @@ def to_float64(model: gpytorch.models.ExactGP) -> None:
     model.set_train_data(tuple(x.double() for x in model.train_inputs), model.train_targets.double(), strict=False)
 
 
-def _lbfgs(log: TrainingLog, parameters: list[Tensor], objective: Callable[[], Tensor], iters: int, lr: float | None,
-           tolerance: float, bar, best: _Best) -> None:
-    opt = torch.optim.LBFGS(parameters, lr=1.0 if lr is None else lr, max_iter=iters, max_eval=2 * iters,
+def _lbfgs(log: TrainingLog, parameters: list[Tensor], objective: Callable[[], Tensor], iters: int, evaluations: int,
+           lr: float | None, tolerance: float, bar, best: _Best) -> None:
+    opt = torch.optim.LBFGS(parameters, lr=1.0 if lr is None else lr, max_iter=iters, max_eval=evaluations,
                             tolerance_change=tolerance, tolerance_grad=1e-7, history_size=10,
                             line_search_fn="strong_wolfe")
     done = log.iterations
@@ -283,14 +311,14 @@ def _lbfgs(log: TrainingLog, parameters: list[Tensor], objective: Callable[[], T
         log.iterations = done + state.get("n_iter", 0)
     if state["n_iter"] >= iters:
         log.converged, log.stop_reason = False, "iteration limit"
-    elif state["func_evals"] >= 2 * iters:
+    elif state["func_evals"] >= evaluations:
         log.converged, log.stop_reason = False, "evaluation limit"
     else:
         log.converged, log.stop_reason = True, "loss change below tolerance"
 
 
 def _adam(log: TrainingLog, parameters: list[Tensor], objective: Callable[[], Tensor], iters: int, lr: float | None,
-          tolerance: float, bar, best: _Best) -> None:
+          tolerance: float, bar) -> None:
     opt = torch.optim.Adam(parameters, lr=0.1 if lr is None else lr)
     halvings, since, window = 0, 0, ADAM_PLATEAU_WINDOW
     log.converged, log.stop_reason = False, "iteration limit"
