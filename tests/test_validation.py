@@ -90,12 +90,17 @@ def test_settings_name_the_setting_and_the_expected_int():
                                    (lazykern.settings.max_dense_bytes, 1.5, "a non-negative int"),
                                    (lazykern.settings.chunk_bytes, 0, "a positive int"),
                                    (lazykern.settings.keops_min_size, True, "a non-negative int")):
-        before = setting.value()
-        with pytest.raises(ValueError, match=f"lazykern.settings.{setting.__name__} must be {expected}, got"):
-            setting(bad)
-        with pytest.raises(ValueError, match=f"lazykern.settings.{setting.__name__} must be"):
-            setting.set_global(bad)
-        assert setting.value() == before
+        # A set value to compare with: max_dense_bytes' default is a share of the memory available
+        # now, which other processes move between two reads.
+        setting.set_global(4096)
+        try:
+            with pytest.raises(ValueError, match=f"lazykern.settings.{setting.__name__} must be {expected}, got"):
+                setting(bad)
+            with pytest.raises(ValueError, match=f"lazykern.settings.{setting.__name__} must be"):
+                setting.set_global(bad)
+            assert setting.value() == 4096
+        finally:
+            setting.set_global(None)
 
 
 @pytest.mark.parametrize(
