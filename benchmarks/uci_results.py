@@ -46,6 +46,11 @@ RUN_ORDER = ("rbf-ard", "gpytorch-rbf-ard", "additive-rbf", "oak", "additive-ng"
 #: inside it (one such split made GPyTorch's elevators NLPD "1665562.187 ± 2884837.412").
 DIVERGED_RMSE = 1.5
 DIVERGED_NLPD = 10.0
+#: Settings a run may resolve differently from what was asked (n_train capped by the data, max_degree
+#: and tolerance defaulted): a record keeps what was asked under these names, what ran under the
+#: setting's own. Records made before ``requested_tolerance`` existed hold the asked tolerance as
+#: ``tolerance``.
+REQUESTED = {"n_train": "requested_n_train", "max_degree": "requested_max_degree", "tolerance": "requested_tolerance"}
 SETTINGS = ("n_train", "split", "seed", "dtype", "iters", "optimizer", "tolerance", "max_degree", "max_cholesky")
 
 
@@ -79,11 +84,14 @@ def worker(job: dict) -> dict:
                           y_scale=data.y_std, max_cholesky_size=job["max_cholesky"], progress=False)
     record = result.to_dict()
     record.update({k: job[k] for k in ("dataset", "split", "seed", "optimizer", "max_cholesky", "full")})
-    record["requested_max_degree"] = job["max_degree"]
-    record["requested_tolerance"] = job["tolerance"]  # None: the optimizer's default; "tolerance": the one used
     record["n_train"] = data.n_train
-    record["requested_n_train"] = job["n_train"]
+    record.update(requested(job))
     return record
+
+
+def requested(job: dict) -> dict:
+    """The :data:`REQUESTED` fields of a record of ``job``: what it asked for."""
+    return {name: job[setting] for setting, name in REQUESTED.items()}
 
 
 def run_one(job: dict, timeout: float) -> dict:
@@ -99,10 +107,8 @@ def run_one(job: dict, timeout: float) -> dict:
 
 
 def key(record: dict) -> tuple:
-    # Records before requested_tolerance existed hold the requested tolerance as "tolerance".
-    renamed = {"n_train": "requested_n_train", "max_degree": "requested_max_degree", "tolerance": "requested_tolerance"}
     return (record["dataset"], record["kernel"], record["split"], record["full"],
-            *(record.get(renamed.get(k, k), record.get(k)) for k in SETTINGS))
+            *(record.get(REQUESTED.get(k, k), record.get(k)) for k in SETTINGS))
 
 
 def load_records() -> list[dict]:
@@ -476,8 +482,7 @@ def main() -> None:
                        "n_train": None if args.full else N_TRAIN.get(dataset, args.n_train), "iters": args.iters,
                        "optimizer": args.optimizer, "tolerance": args.tolerance, "max_degree": args.max_degree,
                        "max_cholesky": args.max_cholesky, "full": args.full}
-                probe = {**job, "requested_n_train": job["n_train"], "requested_max_degree": job["max_degree"],
-                         "requested_tolerance": job["tolerance"]}
+                probe = {**job, **requested(job)}
                 if key(probe) in done and not args.force:
                     continue
                 print(f"{dataset} split {split} / {kernel}{' (full)' if args.full else ''} ...", flush=True)

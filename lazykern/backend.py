@@ -124,7 +124,8 @@ _warned: set[str] = set()
 def _warn_once(message: str) -> None:
     if message not in _warned:
         _warned.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=4)
+        # _warn_once <- _gpu_engine <- engine_for / symbolic_engine <- their caller <- its caller
+        warnings.warn(message, RuntimeWarning, stacklevel=5)
 
 
 def _triton_runs(formula: Formula | None, x1: Tensor | None, x2: Tensor | None, params: Mapping[str, Tensor]) -> bool:

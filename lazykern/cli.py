@@ -70,8 +70,8 @@ CHOLESKY_MAX = 2000
 float32) is cheaper on a CPU than conjugate gradients, and exact."""
 
 DEFAULT_ITERS = 200
-# fit_evaluate's default (tests/test_cli.py checks they agree); repeated here because the parser
-# answers before lazykern.regression (torch, GPyTorch) is imported.
+"""fit_evaluate's default ``iters`` (tests/test_cli.py checks they agree), repeated here because the
+parser answers before lazykern.regression (torch, GPyTorch) is imported."""
 
 PLOT_FORMATS = (".png", ".pdf", ".svg", ".eps", ".jpg", ".jpeg")
 
@@ -458,8 +458,8 @@ def _warm_up(kernel: str, max_degree: int | None, data, device, dtype, args: arg
     # A float32 model that L-BFGS trains is refined in float64 (lazykern.regression.train): both dtypes run.
     with gpytorch.settings.max_cholesky_size(args.max_cholesky):
         refined = refines_in_float64(dtype, resolve_optimizer(args.optimizer, data.n_train))
-    reports = [precompile(make_kernel(kernel, data.d, max_degree).to(device), dtype=t, dims=data.d,
-                          points=data.n_train, on_compile=None if args.quiet else announce)
+    module = make_kernel(kernel, data.d, max_degree).to(device)  # precompile converts a copy of it
+    reports = [precompile(module, dtype=t, dims=data.d, points=data.n_train, on_compile=None if args.quiet else announce)
                for t in ((dtype, torch.float64) if refined else (dtype,))]
     compiled, cached, seconds = (sum(getattr(r, k) for r in reports) for k in ("compiled", "cached", "seconds"))
     if args.quiet:

@@ -103,7 +103,6 @@ def named_grads(
     return dict(zip(names, sums[0].split(widths, dim=-1)))
 
 
-# ---------------------------------------------------------------------------- gradients
 # ---------------------------------------------------------------------------- the passes
 def _forward_matmul(target: ModuleType, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
                     rhs: Tensor) -> Tensor:
@@ -144,7 +143,7 @@ def _forward_dense(target: ModuleType, formula: Formula, x1: Tensor, x2: Tensor,
 def _grad_pass(target: ModuleType, formula: Formula, job: str, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
                want: tuple[str, ...], batch: torch.Size,
                vecs: dict[str, list]) -> tuple[Tensor | None, Tensor | None, dict[str, Tensor]]:
-    """One backward pass: the gradient of its outer input, the product :math:`K^\top \bar Y` (or
+    r"""One backward pass: the gradient of its outer input, the product :math:`K^\top \bar Y` (or
     ``None``) and the per-row parameter gradients by name, each ``(*batch, rows, width)``; ``vecs``
     holds ``"dots"`` (pairs of column arrays whose dot products weight the pairs) or ``"pairs"``
     (dense weight matrices)."""

@@ -140,9 +140,13 @@ def first_row(path: str | os.PathLike) -> str:
         '1,2,3'
     """
     path = Path(path)
-    for _, text in _lines(path):
-        return text
-    raise DataError(path, "is empty; expected comma-separated numbers")
+    lines = _lines(path)
+    try:
+        return next(lines)[1]
+    except StopIteration:
+        raise DataError(path, "is empty; expected comma-separated numbers") from None
+    finally:
+        lines.close()  # closes the gzip file now, not when the generator is collected
 
 
 def _row_of(path: Path, index: int) -> int:

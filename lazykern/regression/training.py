@@ -196,13 +196,14 @@ def train(
         return loss
 
     refining = False  # in float64 after float32's L-BFGS converged
+    evaluations = 2 * iters  # L-BFGS's budget, over every stage together
     with tqdm(total=iters, desc=f"training ({optimizer})", disable=not progress, leave=False) as bar:
         while True:
             parameters = [p for p in model.parameters() if p.requires_grad]
             left = iters - log.iterations
             try:
-                if optimizer == "lbfgs":  # at most 2 iters evaluations over every stage together
-                    _lbfgs(log, parameters, objective, left, 2 * iters - len(log), lr, tolerance, bar, best)
+                if optimizer == "lbfgs":
+                    _lbfgs(log, parameters, objective, left, evaluations - len(log), lr, tolerance, bar, best)
                 else:
                     _adam(log, parameters, objective, left, lr, tolerance, bar)
             except (*NUMERICAL_FAILURES, _NonFiniteLoss) as err:
@@ -213,7 +214,7 @@ def train(
                                              "evaluated before it")
                     log.converged, log.stop_reason = True, "loss change below tolerance"
                     break
-                spent = log.iterations >= iters or (optimizer == "lbfgs" and len(log) >= 2 * iters)
+                spent = log.iterations >= iters or (optimizer == "lbfgs" and len(log) >= evaluations)
                 if _dtype(model) != torch.float32 or spent:
                     log.interventions.append(f"{failure} ({_dtype_name(model)}): stopped at the best hyperparameters "
                                              "evaluated before it")
@@ -249,7 +250,8 @@ class _Best:
     """The model's state at its lowest loss so far (parameters only: a few kilobytes)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.model, self.loss, self.state = model, float("inf"), copy.deepcopy(model.state_dict())
+        self.model = model
+        self.reset()
 
     def reset(self) -> None:
         """Start over from the model's current state (after a change of dtype)."""

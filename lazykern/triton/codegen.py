@@ -182,7 +182,7 @@ class _Writer:
             # C's pow is defined below 0 for an integer exponent (the tracer multiplies out only 2 to 16):
             # |a|^p, negated for an odd p
             magnitude = f"tl.exp({node.attr!r} * tl.log(tl.abs({args[0]})))"
-            return f"tl.where({args[0]} < 0, {-1.0 if int(node.attr) % 2 else 1.0!r} * {magnitude}, {magnitude})"
+            return magnitude if int(node.attr) % 2 == 0 else f"tl.where({args[0]} < 0, -{magnitude}, {magnitude})"
         return _CODE[node.op].format(*args, p=repr(node.attr))
 
     def _weight(self, idx: int, var: str) -> list[str]:
@@ -290,7 +290,7 @@ class _Writer:
         # Sizes and batch strides are not specialized on: Triton would otherwise compile a variant
         # per value class (equal to 1, divisible by 16) of each, 7-21 s apiece at d = 26 (a CG
         # matvec with 11 columns and a prediction with 1 would be two compiles of the same pass).
-        unspecialized = [f"S{k}" for k in range(len(roles))] + ["N", "M", "C"]
+        unspecialized = args[len(roles):] + ["N", "M", "C"]
         lines = head + [
             f"@triton.jit(do_not_specialize={unspecialized!r})",
             f"def {self.name}({', '.join(args)}, N, M, C,",
