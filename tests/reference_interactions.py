@@ -80,3 +80,47 @@ def group(family: str, x1: Tensor, x2: Tensor, lengthscale: Tensor, groups, scal
         weight = 1.0 if scales is None else (scales[..., 0, g : g + 1] if diag else scales[..., g : g + 1])
         out = out + weight * value
     return out
+
+
+def _gaussian_factors(a, ls, mean, std):
+    """The orthogonalized RBF term as a difference of two Gaussians in t, each ``(coef, A, B, C)``
+    for ``coef * exp(-A t^2 + B t + C)``: k~(t, a) = exp(-(t - a)^2 / 2l^2) - m(t) m(a) / v, with
+    m(t) = l / s exp(-(t - mu)^2 / 2s^2), s^2 = l^2 + std^2 and v = l / sqrt(l^2 + 2 std^2)."""
+    import mpmath
+
+    s2 = ls**2 + std**2
+    m_a = ls / mpmath.sqrt(s2) * mpmath.exp(-((a - mean) ** 2) / (2 * s2))
+    v = ls / mpmath.sqrt(ls**2 + 2 * std**2)
+    near = (1, 1 / (2 * ls**2), a / ls**2, -(a**2) / (2 * ls**2))
+    projection = (-m_a / v * ls / mpmath.sqrt(s2), 1 / (2 * s2), mean / s2, -(mean**2) / (2 * s2))
+    return near, projection
+
+
+def orthogonal_rbf_l2_exact(a: float, b: float, ls: float, mean: float, std: float, *, digits: int = 50) -> float:
+    """C(a, b) = int k~(t, a) k~(t, b) p(t) dt, p = N(mean, std^2), as a sum of closed-form
+    Gaussian integrals int exp(-A t^2 + B t + C) dt = sqrt(pi / A) exp(B^2 / 4A + C), evaluated
+    with ``digits`` significant digits (mpmath), so that the cancellation between the integrals is
+    not the reference's rounding."""
+    import mpmath
+
+    with mpmath.workdps(digits):
+        a, b, ls, mean, std = (mpmath.mpf(v) for v in (a, b, ls, mean, std))
+        density = (1 / (std * mpmath.sqrt(2 * mpmath.pi)), 1 / (2 * std**2), mean / std**2, -(mean**2) / (2 * std**2))
+        total = mpmath.mpf(0)
+        for f in _gaussian_factors(a, ls, mean, std):
+            for g in _gaussian_factors(b, ls, mean, std):
+                coef = f[0] * g[0] * density[0]
+                big_a, big_b, big_c = (f[i] + g[i] + density[i] for i in (1, 2, 3))
+                total += coef * mpmath.sqrt(mpmath.pi / big_a) * mpmath.exp(big_b**2 / (4 * big_a) + big_c)
+        return float(total)
+
+
+def orthogonal_rbf_exact(a: float, b: float, ls: float, mean: float, std: float, *, digits: int = 50) -> float:
+    """k~(a, b) = k(a, b) - m(a) m(b) / v (as in :func:`orthogonal_rbf_l2_exact`), with ``digits``
+    significant digits: the reference where k and m m' / v agree to many digits (long lengthscales)."""
+    import mpmath
+
+    with mpmath.workdps(digits):
+        a, b, ls, mean, std = (mpmath.mpf(v) for v in (a, b, ls, mean, std))
+        return float(sum(coef * mpmath.exp(-big_a * a**2 + big_b * a + big_c)  # b's two Gaussians at t = a
+                         for coef, big_a, big_b, big_c in _gaussian_factors(b, ls, mean, std)))

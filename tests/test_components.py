@@ -168,6 +168,29 @@ def test_sobol_indices_of_a_float32_model_with_an_outlier():
     assert float((shares[torch.float32].double() - shares[torch.float64]).abs().max()) < 1e-4
 
 
+def test_sobol_indices_at_an_outlier_and_a_collapsed_lengthscale():
+    """UCI's two NaN cases, together: an input 28.6 standard deviations out at lengthscale 0.04
+    (OAK on protein) and a lengthscale of 1e-150 (OAK on bike). Every index is finite and
+    non-negative, the order shares sum to 1, and the compiled engine agrees with torch's."""
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(40, 3, dtype=torch.float64, generator=generator)
+    x[0, 0] = 28.6
+    y = torch.randn(40, dtype=torch.float64, generator=generator)
+    model, _ = build_model(x, y, "oak", max_degree=2)
+    model.covar_module.base_kernel.lengthscale = torch.tensor([0.04, 1e-150, 0.8], dtype=torch.float64)
+    results = {}
+    for engine in ("torch", "cpu"):
+        with settings.engine(engine):
+            results[engine] = component_analysis(model, grid_size=3)
+    for result in results.values():
+        for shares in (result.order_shares, result.dimension_shares, result.total_effects):
+            assert torch.isfinite(shares).all() and float(shares.min()) > -1e-12
+        assert abs(float(result.order_shares.sum()) - 1) < 1e-12
+        assert float(result.total_effects[1]) < 1e-100  # the spike's L2(p) norm is its lengthscale's order
+    for name in ("order_shares", "dimension_shares", "total_effects"):
+        assert torch.allclose(getattr(results["cpu"], name), getattr(results["torch"], name), rtol=1e-9, atol=1e-12)
+
+
 def test_plot_and_errors(trained, tmp_path):
     with settings.engine("torch"):
         result = component_analysis(trained["additive-ng"], grid_size=20)

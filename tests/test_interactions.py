@@ -273,6 +273,39 @@ def test_orthogonal_terms_at_collapsed_and_boundary_lengthscales():
         assert (terms - expected).abs().max() < tol, (length, dtype)
 
 
+def test_orthogonal_terms_keep_their_precision_at_long_lengthscales():
+    """At lengthscale 300 the terms are 1e-4 of an RBF term's (the constant took the rest); the
+    overflow guard's e^(L + r) - e^L, added to them in the wrong order, rounded them to the
+    precision of e^L (relative errors of 3e-12). Against a 50-digit reference."""
+    from lazykern.formulas.interactions import orthogonal_rbf_features, orthogonal_rbf_terms
+
+    xs, mean, std = [-2.1, -0.4, 0.0, 0.3, 1.7], 0.1, 0.9
+    for length in (30.0, 300.0):
+        params = [torch.tensor([[v]], dtype=torch.float64) for v in (length, mean, std)]
+        f = orthogonal_rbf_features(torch.tensor(xs, dtype=torch.float64)[:, None], *params)
+        terms = orthogonal_rbf_terms(f[:, None], f[None])[..., 0]
+        expected = torch.tensor([[ref.orthogonal_rbf_exact(a, b, length, mean, std) for b in xs] for a in xs],
+                                dtype=torch.float64)
+        assert float((terms - expected).abs().max() / expected.abs().max()) < 1e-14, length
+
+
+def test_orthogonal_l2_terms_match_exact_integrals():
+    """C(a, b) = int k~(t, a) k~(t, b) p(t) dt (the Sobol indices' inner products) against closed-form
+    Gaussian integrals to 700 digits, from a collapsed lengthscale (1e-150: OAK on UCI bike) to a long
+    one, with an input 28.6 standard deviations out (UCI protein, where lengthscale 0.04 made every
+    share NaN: an underflowing product times an overflowing exponential)."""
+    from lazykern.formulas.interactions import orthogonal_rbf_l2_features, orthogonal_rbf_l2_terms
+
+    xs, mean, std = [-2.1, 0.0, 0.3, 0.30001, 1.7, 28.6], 0.1, 0.9
+    for length in (1e-150, 1e-6, 0.04, 0.7, 300.0):
+        params = [torch.tensor([[v]], dtype=torch.float64) for v in (length, mean, std)]
+        f = orthogonal_rbf_l2_features(torch.tensor(xs, dtype=torch.float64)[:, None], *params)
+        inner = orthogonal_rbf_l2_terms(f[:, None], f[None])[..., 0]
+        expected = torch.tensor([[ref.orthogonal_rbf_l2_exact(a, b, length, mean, std, digits=700) for b in xs]
+                                 for a in xs], dtype=torch.float64)
+        assert float((inner - expected).abs().max() / expected.abs().max()) < 1e-12, length
+
+
 def test_elementary_symmetric_gradcheck_and_float32():
     z = torch.rand(4, 6, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda v: elementary_symmetric(v, 4), (z,))

@@ -274,7 +274,9 @@ def orthogonal_rbf_terms(x1: Any, x2: Any) -> Any:
     s = m1 * (-0.5 * diff * diff) + (1 - m1) * (u1 * u2) - g1 - g2
     r = (s - 1).relu()
     log_scale = la1 + la2 + 1
-    return a1 * a2 * _expm1(s - r) + (log_scale + r).exp() - log_scale.exp()
+    # The difference first: where r = 0 it is exactly 0, where adding e^L to the small first term
+    # would round that term to the precision of e^L (relative errors of 3e-12 at lengthscale 300).
+    return a1 * a2 * _expm1(s - r) + ((log_scale + r).exp() - log_scale.exp())
 
 
 def orthogonal_rbf_variance(lengthscale: torch.Tensor, measure_std: torch.Tensor) -> torch.Tensor:
@@ -295,7 +297,7 @@ def orthogonal_rbf_variance(lengthscale: torch.Tensor, measure_std: torch.Tensor
 def orthogonal_rbf_l2_features(
     x: torch.Tensor, lengthscale: torch.Tensor, measure_mean: torch.Tensor, measure_std: torch.Tensor
 ) -> torch.Tensor:
-    r"""Per-point inputs of :func:`orthogonal_rbf_l2_terms`: ``(..., N, 5D)``.
+    r"""Per-point inputs of :func:`orthogonal_rbf_l2_terms`: ``(..., N, 6D)``.
 
     The :math:`L^2(p)` inner product of two orthogonalized RBF functions,
     :math:`C(a, b) = \int \tilde k(t, a)\, \tilde k(t, b)\, p(t)\, dt`, is a sum of four Gaussian
@@ -310,30 +312,64 @@ def orthogonal_rbf_l2_features(
                   + e^{X(a) + X(b)} \operatorname{expm1} Z(a, b)\Big],
 
     with :math:`w(a) = \rho\, (1 + 2c\beta)^{-1/4} e^{-c a^2 / 2}` (so :math:`I_{BB} = w(a) w(b)`),
-    :math:`X(a) = \log(I_{AB} / I_{BB}) = \kappa - \frac{c^2 \beta^2 a^2}{2 s}`,
-    :math:`Z(a, b) = \log \frac{I_{AA} I_{BB}}{I_{AB} I_{BA}} = (q a)(q b) + z(a) + z(b)`, where
-    :math:`s = 1 + (1 + c)\beta`, :math:`q = \sqrt{\beta / (1 + 2\beta)}`,
+    :math:`X(a) = \log(I_{AB} / I_{BB}) = \kappa - \frac{(c \beta)^2 a^2}{2 s}` and
+
+    .. math::
+
+        Z(a, b) = \log \frac{I_{AA} I_{BB}}{I_{AB} I_{BA}} = 2 z_0 - \eta\, (a - b)^2 + \gamma\, a b,
+
+    where :math:`s = 1 + (1 + c)\beta`,
     :math:`\kappa = \frac12 \log(1 + 2c\beta) - \frac12 \log s - \log\rho`,
-    :math:`z(a) = \frac12 [\log s - \frac12 \log(1 + 2\beta) - \frac12 \log(1 + 2c\beta)]
-    - \frac{c \beta^3 a^2}{2 (1 + 2\beta) s}`. Every small quantity is computed directly (``log1p``,
-    ``expm1``): no cancellation. The features are :math:`[w, \operatorname{expm1} X, e^X, q a, z]`.
+    :math:`z_0 = \frac12 [\log s - \frac12 \log(1 + 2\beta) - \frac12 \log(1 + 2c\beta)]`,
+    :math:`\eta = \frac{c \beta^3}{2 (1 + 2\beta) s}` and
+    :math:`\gamma = \frac{\beta}{1 + 2\beta} - 2\eta = \frac{\beta (1 + 3\beta)}{(1 + 2\beta)(1 + \beta) s}`.
+    Every small quantity is computed directly (``log1p``, ``expm1``, :math:`\gamma` from its
+    second form): no cancellation. (:math:`Z` as :math:`\frac{\beta}{1 + 2\beta} ab - \eta (a^2 + b^2) + 2 z_0`
+    cancels terms of size :math:`u^2/4`: relative errors of 3e-4 in :math:`C` at a lengthscale of
+    :math:`10^{-6}`, overflow below :math:`10^{-7}`.) The features are
+    :math:`[w \operatorname{expm1} X,\ w e^X,\ \log w + X,\ \sqrt\eta\, a,\ \sqrt\gamma\, a,\ z_0]`:
+    the products :func:`orthogonal_rbf_l2_terms` takes, and the logarithm it needs where they underflow.
+
+    Lengthscales below :math:`10^{-150} \delta` are computed at that bound (:math:`\beta` would
+    overflow float64): the term is then a spike whose :math:`L^2(p)` norm, proportional to its
+    lengthscale, is 0 against any other term's (OAK on UCI bike learned 4e-150 for a binary input).
     """
+    lengthscale = torch.maximum(lengthscale, 1e-150 * measure_std)
     beta, c, log_rho = _measure_constants(lengthscale, measure_std)
     u = (x - measure_mean) / lengthscale
     square = u * u
     log_s, log_2b, log_2cb = torch.log1p((1 + c) * beta), torch.log1p(2 * beta), torch.log1p(2 * c * beta)
-    w = torch.exp(log_rho - 0.25 * log_2cb - 0.5 * c * square)
-    big_x = 0.5 * log_2cb - 0.5 * log_s - log_rho - c * c * beta * beta * square / (2 * torch.exp(log_s))
-    z = 0.5 * (log_s - 0.5 * log_2b - 0.5 * log_2cb) - c * beta**3 * square / (2 * (1 + 2 * beta) * torch.exp(log_s))
-    q = torch.sqrt(beta / (1 + 2 * beta))
-    return torch.cat([w, torch.expm1(big_x), torch.exp(big_x), q * u, z], -1)
+    s = torch.exp(log_s)
+    c_beta, beta_2b = c * beta, beta / (1 + 2 * beta)  # each below 1, so nothing overflows
+    big_x = 0.5 * log_2cb - 0.5 * log_s - log_rho - c_beta * c_beta * square / (2 * s)
+    z0 = 0.5 * (log_s - 0.5 * log_2b - 0.5 * log_2cb)
+    eta = 0.5 * c_beta * beta_2b * (beta / s)
+    gamma = beta_2b * ((1 + 3 * beta) / (1 + beta)) / s
+    log_w = log_rho - 0.25 * log_2cb - 0.5 * c * square
+    w = torch.exp(log_w)
+    return torch.cat([w * torch.expm1(big_x), w * torch.exp(big_x), log_w + big_x, eta.sqrt() * u, gamma.sqrt() * u,
+                      z0.expand_as(u)], -1)
 
 
 def orthogonal_rbf_l2_terms(x1: Any, x2: Any) -> Any:
-    """Per-dimension :math:`C_d(a_d, b_d)` from the features of :func:`orthogonal_rbf_l2_features`."""
-    w1, m1, e1, q1, z1 = split_columns(x1, 5)
-    w2, m2, e2, q2, z2 = split_columns(x2, 5)
-    return w1 * w2 * (m1 * m2 + e1 * e2 * _expm1(q1 * q2 + z1 + z2))
+    r"""Per-dimension :math:`C_d(a_d, b_d)` from the features of :func:`orthogonal_rbf_l2_features`:
+    with :math:`v = w e^X`,
+    :math:`C = (w \operatorname{expm1} X)(a)\,(w \operatorname{expm1} X)(b) + v(a)\, v(b) \operatorname{expm1} Z`.
+
+    Far out at a short lengthscale (UCI protein: a standardized input of 28.6 at lengthscale 0.04)
+    :math:`v(a) v(b)` underflows to 0 while :math:`e^Z` overflows (:math:`Z \approx \frac32 ab / \beta`,
+    1,200 there), and their product was NaN. As for :func:`orthogonal_rbf_terms`, with
+    :math:`r = \max(Z - 1, 0)` and :math:`L = \log v(a) + \log v(b) + 1` the second term is
+    :math:`v(a) v(b) \operatorname{expm1}(Z - r) + (e^{L + r} - e^{L})`: exact where :math:`Z \le 1`
+    (the difference is of the same number), and :math:`L + r` is the logarithm of the bounded
+    product beyond."""
+    p1, v1, lv1, e1, g1, z1 = split_columns(x1, 6)
+    p2, v2, lv2, e2, g2, z2 = split_columns(x2, 6)
+    gap = e1 - e2
+    big_z = z1 + z2 - gap * gap + g1 * g2
+    r = (big_z - 1).relu()
+    log_scale = lv1 + lv2 + 1
+    return p1 * p2 + v1 * v2 * _expm1(big_z - r) + ((log_scale + r).exp() - log_scale.exp())  # difference first
 
 
 @dataclass(frozen=True)
@@ -351,7 +387,7 @@ class InteractionFormula:
     * ``"orthogonal"``: the orthogonalized RBF term (OAK) :func:`orthogonal_rbf_terms` (inputs: the
       5D features of :func:`orthogonal_rbf_features`);
     * ``"orthogonal-l2"``: the :math:`L^2(p)` inner products of orthogonalized RBF terms,
-      :func:`orthogonal_rbf_l2_terms` (inputs: the 5D features of
+      :func:`orthogonal_rbf_l2_terms` (inputs: the 6D features of
       :func:`orthogonal_rbf_l2_features`), from which the Sobol indices of an OAK model follow.
 
     Args:
