@@ -113,6 +113,7 @@ Example:
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -298,6 +299,13 @@ def component_analysis(
                     if x.shape[0] <= variance_max_n else None)
         orders, dims, totals, kind = _shares(kernel, outer, x, at_train, alpha)
         totals, errors, total_kind = _total_effects(model, kernel, x, alpha, totals, effect_points)
+    # Said, not passed on silently: NaN shares once reached the UCI table's page unremarked.
+    broken = [name for name, v in (("order shares", orders), ("first-order shares", dims), ("total effects", totals))
+              if not torch.isfinite(v).all()]
+    if broken:
+        warnings.warn(f"component_analysis: the {', '.join(broken)} are not all finite (lengthscales "
+                      f"{kernel.base_kernel.lengthscale.detach().reshape(-1).tolist()}); read them as unknown",
+                      RuntimeWarning, stacklevel=2)
     constant = getattr(model.mean_module, "constant", None)
     return ComponentAnalysis(grid=grid, mean=(cross - offsets.unsqueeze(-1)).T, variance=variance,
                              offsets=offsets, constant=0.0 if constant is None else float(constant.detach()),
