@@ -608,13 +608,15 @@ def test_compiled_once_per_structure_not_per_value_or_size():
     assert (len(build.compile_log), build.loaded_programs()) == before
 
 
-def test_no_flush_to_zero_after_loading():
-    """The libraries are built without -ffast-math: subnormal numbers survive in the process."""
-    x = torch.randn(5, D, dtype=DT)
+def test_no_flush_to_zero_after_loading_or_running():
+    """The libraries are built without -ffast-math, and the flush-to-zero each reduction sets in its
+    threads is restored when it ends: subnormal numbers survive in the process, in the calling
+    thread and in the OpenMP threads that ran the reduction (torch's own parallel loops)."""
+    x = torch.randn(600, D, dtype=DT)
+    assert cpu.reductions.threads(600 * 600) == torch.get_num_threads()  # every thread ran it
     cpu.matmul(StationaryFormula("rbf", additive=True), x, x, {"scales": torch.ones(1, D, dtype=DT)}, x[:, :1])
-    tiny32 = torch.tensor(1e-39, dtype=torch.float32)
-    assert (tiny32 * 1.0).item() != 0.0
-    assert (torch.tensor(1e-310, dtype=DT) * 1.0).item() != 0.0
+    for tiny in (torch.full((10**6,), 1e-39, dtype=torch.float32), torch.full((10**6,), 1e-310, dtype=DT)):
+        assert bool(((tiny * 1.0) != 0).all())
 
 
 CHILD = """
