@@ -545,8 +545,8 @@ def test_interaction_symmetric_gradients(case):
 
 
 def test_orthogonal_l2_terms_match_the_torch_engine():
-    """The L2(p) inner products of orthogonal terms (component analysis): five features per
-    dimension and two expm1 per pair."""
+    """The L2(p) inner products of orthogonal terms (component analysis): six features per
+    dimension, one expm1 and two exp per pair."""
     hp = interaction_hyperparameters()
     x1, x2 = inputs()
     rhs = torch.randn(M, 2, dtype=DT)
@@ -612,8 +612,8 @@ def test_no_flush_to_zero_after_loading_or_running():
     """The libraries are built without -ffast-math, and the flush-to-zero each reduction sets in its
     threads is restored when it ends: subnormal numbers survive in the process, in the calling
     thread and in the OpenMP threads that ran the reduction (torch's own parallel loops)."""
-    x = torch.randn(600, D, dtype=DT)
-    assert cpu.reductions.threads(600 * 600) == torch.get_num_threads()  # every thread ran it
+    n = math.isqrt(cpu.reductions.WORK_PER_THREAD * torch.get_num_threads()) + 1  # enough work for every thread
+    x = torch.randn(n, D, dtype=DT)
     cpu.matmul(StationaryFormula("rbf", additive=True), x, x, {"scales": torch.ones(1, D, dtype=DT)}, x[:, :1])
     for tiny in (torch.full((10**6,), 1e-39, dtype=torch.float32), torch.full((10**6,), 1e-310, dtype=DT)):
         assert bool(((tiny * 1.0) != 0).all())

@@ -291,19 +291,26 @@ def test_orthogonal_terms_keep_their_precision_at_long_lengthscales():
 
 def test_orthogonal_l2_terms_match_exact_integrals():
     """C(a, b) = int k~(t, a) k~(t, b) p(t) dt (the Sobol indices' inner products) against closed-form
-    Gaussian integrals to 700 digits, from a collapsed lengthscale (1e-150: OAK on UCI bike) to a long
-    one, with an input 28.6 standard deviations out (UCI protein, where lengthscale 0.04 made every
-    share NaN: an underflowing product times an overflowing exponential)."""
+    Gaussian integrals to 700 digits, entry by entry on the scale sqrt(C(a, a) C(b, b)), from a
+    collapsed lengthscale (4e-150: OAK on UCI bike) to a long one (differences of logarithms of
+    size beta lost digits there), with an input 28.6 standard deviations out (UCI protein, where
+    lengthscale 0.04 made every share NaN: an underflowing product times an overflowing
+    exponential). float32 stays finite at a collapsed lengthscale."""
     from lazykern.formulas.interactions import orthogonal_rbf_l2_features, orthogonal_rbf_l2_terms
 
-    xs, mean, std = [-2.1, 0.0, 0.3, 0.30001, 1.7, 28.6], 0.1, 0.9
-    for length in (1e-150, 1e-6, 0.04, 0.7, 300.0):
+    xs, mean, std = [-2.1, 0.0, 0.3, 0.30001, 1.7, 3.0, 28.6], 0.1, 0.9
+    for length in (4e-150, 1e-6, 0.04, 0.7, 300.0, 2e4):
         params = [torch.tensor([[v]], dtype=torch.float64) for v in (length, mean, std)]
         f = orthogonal_rbf_l2_features(torch.tensor(xs, dtype=torch.float64)[:, None], *params)
         inner = orthogonal_rbf_l2_terms(f[:, None], f[None])[..., 0]
         expected = torch.tensor([[ref.orthogonal_rbf_l2_exact(a, b, length, mean, std, digits=700) for b in xs]
                                  for a in xs], dtype=torch.float64)
-        assert float((inner - expected).abs().max() / expected.abs().max()) < 1e-12, length
+        scale = expected.diag().sqrt()[:, None] * expected.diag().sqrt()[None]
+        error, seen = (inner - expected).abs(), scale > 0  # 28.6 out, C underflows to 0 at short lengthscales
+        assert float((error[seen] / scale[seen]).max()) < 1e-12 and bool((error[~seen] < 1e-300).all()), length
+    params = [torch.tensor([[v]], dtype=torch.float32) for v in (1e-30, mean, std)]
+    f = orthogonal_rbf_l2_features(torch.tensor(xs, dtype=torch.float32)[:, None], *params)
+    assert torch.isfinite(orthogonal_rbf_l2_terms(f[:, None], f[None])).all()
 
 
 def test_elementary_symmetric_gradcheck_and_float32():
