@@ -150,6 +150,24 @@ def test_other_operations_match_the_cpu_target(which):
         assert_close(g, e, rtol=1e-12)
 
 
+def test_sobol_inner_products_match_the_cpu_target():
+    """The L2(p) inner products of OAK's Sobol indices (component analysis on a GPU), with an input
+    28.6 standard deviations out at a short lengthscale: the overflow guard's branches run in both
+    targets' generated code, from one plan."""
+    from lazykern.formulas.interactions import InteractionFormula, orthogonal_rbf_l2_features
+
+    x = torch.randn(12, D, dtype=DT)
+    x[0, 0] = 28.6
+    lengthscale = torch.tensor([[0.04, 0.7, 300.0]], dtype=DT)
+    features = orthogonal_rbf_l2_features(x, lengthscale, torch.zeros(1, D, dtype=DT), torch.ones(1, D, dtype=DT))
+    formula = InteractionFormula(StationaryFormula("rbf"), 2, "orthogonal-l2")
+    params = {"order_variances": torch.tensor([[0.6, 0.4]], dtype=DT), "scales": torch.ones(1, D, dtype=DT)}
+    rhs = torch.randn(12, 1, dtype=DT)
+    out = lk_triton.matmul(formula, features, features, params, rhs)
+    assert torch.isfinite(out).all()
+    assert_close(out, cases.cpu.matmul(formula, features, features, params, rhs), rtol=1e-12)
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's log of masked-out lanes
 @pytest.mark.parametrize("power", [17, -1, -3])
 def test_integer_powers_of_negative_numbers_match_the_cpu_target(power):
