@@ -394,11 +394,11 @@ bike's is the mean of splits 0 and 1): pol 0.1506 to 0.1503, elevators 0.4008 to
 no noise to fit: its target is the logarithm of the sum of two of its inputs, the casual and the
 registered rental counts (columns 15 and 16): a least-squares fit of the standardized target on
 :math:`\log(x_{15} + x_{16} + c)`, with :math:`c` making the smallest count 1, leaves a residual of
-1.7e-5 of the target's standard deviation. Every kernel finds the two inputs (its shortest
-lengthscales, 0.03 to 0.2 on the registered count, apart from OAK's, collapsed to 0 on the binary
-inputs 7 and 9 on splits 0 and 2; ARD's on the 15 other inputs run to thousands), and the noise variance each learns
-(2e-4 to 3.5e-3) is its misfit, a stationary kernel's, to a
-logarithm that bends most near zero counts. There a higher marginal likelihood is not a better
+1.7e-5 of the target's standard deviation. Every kernel finds the two inputs: lengthscales of
+0.03 to 0.2 on the registered count, the shortest a kernel has (OAK's are shorter still on the
+binary inputs 7 and 9, which it collapses towards 0 on splits 0 and 2), while ARD's on the other
+15 inputs run to thousands. The noise variance each learns (2e-4 to 3.5e-3) is its misfit, a
+stationary kernel's, to a logarithm that bends most near zero counts. There a higher marginal likelihood is not a better
 prediction, and an equal one can predict very differently: ARD on split 0 ends at a training loss
 of -1.536 with test RMSE 0.076, the run before at -1.543 with 0.028. Newton–Girard on split 0 converges to a training
 loss of -1.35 with noise variance 2e-4 and test RMSE 0.063, where the run before stopped early at
