@@ -383,6 +383,77 @@ def test_batched_ntk_kernel() -> None:
     assert_close(NTKKernel(model)(x, diag=True)[1], reference(model, x[1], x[1], "trace").diagonal())
 
 
+def test_batched_ntk_kernel_indexing_and_compositions() -> None:
+    """A kernel's batch shape is what it returns, through indexing, expand_batch, ScaleKernel, sums
+    and products; copies share the network (held by reference, never cloned)."""
+    model = _smooth()
+    x = torch.randn(4, 3, dtype=DT)
+    K = reference(model, x, x, "trace")
+    kernel = NTKKernel(model, batch_shape=torch.Size([2]))
+    assert kernel(x).shape == (2, 4, 4) and kernel(x, diag=True).shape == (2, 4)
+    assert_close(kernel(x).to_dense()[1], K)
+    assert kernel[0].batch_shape == torch.Size([]) and kernel[0].model is model
+    assert_close(kernel[0](x).to_dense(), K)
+    wide = kernel.expand_batch(3, 2)
+    assert wide.batch_shape == (3, 2) and wide(x).shape == (3, 2, 4, 4) and wide.model is model
+    assert wide[1].batch_shape == (2,) and wide[:, 0].batch_shape == (3,)
+    scaled = gpytorch.kernels.ScaleKernel(kernel, batch_shape=torch.Size([2])).to(DT)
+    scaled.outputscale = torch.tensor([0.5, 2.0], dtype=DT)
+    assert_close(scaled[1](x).to_dense(), 2.0 * K)
+    rbf = gpytorch.kernels.RBFKernel(batch_shape=torch.Size([2])).to(DT)
+    for combined, expected in ((kernel + rbf, K + rbf[0](x).to_dense()), (kernel * rbf, K * rbf[0](x).to_dense())):
+        assert combined(x).shape == (2, 4, 4)
+        assert combined[0].batch_shape == torch.Size([])
+        assert_close(combined[0](x).to_dense(), expected)
+
+
+def test_batched_ntk_kernel_in_batched_exact_gp() -> None:
+    """A batched GP (two outputs, one network) trains one step and predicts as two unbatched GPs."""
+    model = _smooth()
+    before = snapshot(model)
+    torch.manual_seed(6)
+    x, xs = torch.randn(12, 3, dtype=DT), torch.randn(5, 3, dtype=DT)
+    y = torch.stack([torch.sin(x.sum(-1)), torch.cos(x[:, 0])])
+
+    class GP(gpytorch.models.ExactGP):
+        def __init__(self, targets: torch.Tensor, batch_shape: torch.Size) -> None:
+            super().__init__(x, targets, gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch_shape))
+            self.mean = gpytorch.means.ConstantMean(batch_shape=batch_shape)
+            self.covar = gpytorch.kernels.ScaleKernel(NTKKernel(model, batch_shape=batch_shape), batch_shape=batch_shape)
+
+        def forward(self, inputs):
+            return gpytorch.distributions.MultivariateNormal(self.mean(inputs), self.covar(inputs))
+
+    def train_one_step(gp: GP) -> None:
+        gp.train()
+        optimizer = torch.optim.SGD(gp.parameters(), lr=0.1)
+        loss = -gpytorch.mlls.ExactMarginalLogLikelihood(gp.likelihood, gp)(gp(x), gp.train_targets).sum()
+        loss.backward()
+        optimizer.step()
+        gp.eval()
+
+    batched = GP(y, torch.Size([2])).to(DT)
+    batched.likelihood.noise = torch.tensor([[0.05], [0.2]], dtype=DT)
+    batched.covar.outputscale = torch.tensor([0.7, 1.3], dtype=DT)
+    singles = []
+    for b in range(2):
+        single = GP(y[b], torch.Size([])).to(DT)
+        single.likelihood.noise = batched.likelihood.noise[b]
+        single.covar.outputscale = batched.covar.outputscale[b]
+        singles.append(single)
+    for gp in (batched, *singles):
+        train_one_step(gp)
+    with torch.no_grad(), gpytorch.settings.fast_pred_var(False):
+        pred = batched.likelihood(batched(xs))
+        for b, single in enumerate(singles):
+            for name, value in single.named_parameters():
+                assert_close(dict(batched.named_parameters())[name][b], value)
+            alone = single.likelihood(single(xs))
+            assert_close(pred.mean[b], alone.mean)
+            assert_close(pred.covariance_matrix[b], alone.covariance_matrix)
+    assert_unchanged(model, before)
+
+
 def test_ntk_kernel_in_exact_gp_and_input_gradients() -> None:
     model = _smooth()
     before = snapshot(model)

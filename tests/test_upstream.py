@@ -2,7 +2,8 @@
 
 * ``gpytorch.test.base_kernel_test_case.BaseKernelTestCase`` for every lazykern kernel (no-ARD and
   ARD; each base alone, inside ``AdditiveStructureKernel``, and a product), as GPyTorch's own
-  kernels pass it;
+  kernels pass it, and for :class:`lazykern.ntk.NTKKernel` (default backend, and products through
+  the network);
 * the checks of GPyTorch's KeOps kernel tests (``gpytorch.test.base_keops_test_case.BaseKeOpsTestCase``,
   which patches GPyTorch's own KeOps module and so cannot be subclassed: the lazy kernel against
   its non-KeOps namesake for ``x1 == x2`` and ``x1 != x2``, diagonals, batches, gradients), plus
@@ -37,6 +38,7 @@ import gpytorch
 import pytest
 import torch
 from gpytorch.test.base_kernel_test_case import BaseKernelTestCase
+from torch import nn
 from linear_operator.test.linear_operator_test_case import (
     LinearOperatorTestCase,
     RectangularLinearOperatorTestCase,
@@ -45,6 +47,7 @@ from linear_operator.test.linear_operator_test_case import (
 import lazykern
 from lazykern import backend, settings
 from lazykern.formulas import StationaryFormula
+from lazykern.ntk import NTKKernel
 from lazykern.operators import LazyKernelOperator
 
 from .test_kernels import FAMILIES, assert_close
@@ -112,6 +115,31 @@ for _family, _structure in KERNEL_CASES:
         globals()[_name] = type(
             _name, (_KernelCase, unittest.TestCase), {"family": _family, "structure": _structure, "mode": _mode}
         )
+
+
+class _NTKKernelCase(BaseKernelTestCase):
+    """The trace NTK of a small tanh network (no ARD form: the test base's ARD tests return early)."""
+
+    backend = "auto"
+    #: The input width of a kernel built without active_dims, by test: the base case's batched data
+    #: has 2 columns, and its active-dims tests compare against the 4 or 6 selected columns.
+    WIDTH = {"test_active_dims_list": 4, "test_active_dims_range": 6}
+
+    def create_kernel_no_ard(self, active_dims=None, **kwargs):
+        width = len(active_dims) if active_dims is not None else self.WIDTH.get(self._testMethodName, 2)
+        with torch.random.fork_rng():
+            torch.manual_seed(0)  # the kernels one test compares hold the same weights
+            net = nn.Sequential(nn.Linear(width, 8), nn.Tanh(), nn.Linear(8, 1))
+        return NTKKernel(net, backend=self.backend, active_dims=active_dims, **kwargs)
+
+    @unittest.skip("by design: no parameters of its own, and kernel.to() never converts the user's network")
+    def test_kernel_dtype_device(self):
+        pass
+
+
+for _backend in ("auto", "linearized"):
+    _name = f"TestNTKKernelCase_{_backend}"
+    globals()[_name] = type(_name, (_NTKKernelCase, unittest.TestCase), {"backend": _backend})
 
 
 # ------------------------------------------------------------------ GPyTorch's KeOps kernel checks
