@@ -1,0 +1,14 @@
+r"""The structured engine: first-order additive kernels of one-dimensional terms in O((N + M) d).
+
+A sum of one-dimensional half-integer Matérn kernels is, in each dimension, the covariance of a
+Markov process: after one sort, a product is two linear recurrences
+(:mod:`lazykern.structured.recurrences`), exact up to rounding. The Gaussian's sums are a fast
+Gauss transform with a stated bound (:mod:`lazykern.structured.gauss`). Gradients are one more
+pass with the two sets' roles exchanged (:mod:`lazykern.structured.additive`).
+"""
+
+from .additive import SUMS, additive_matmul, merged_order
+from .gauss import gauss_plan, gauss_sums
+from .recurrences import MATERN_POLYNOMIALS, matern_sums
+
+__all__ = ["MATERN_POLYNOMIALS", "SUMS", "additive_matmul", "gauss_plan", "gauss_sums", "matern_sums", "merged_order"]
