@@ -1,4 +1,4 @@
-"""Every path a GPyTorch user takes, against GPyTorch or dense references (issue 9's defects).
+"""Every path a GPyTorch user takes, against GPyTorch or dense references.
 
 Each test names the defect it pins down. KeOps runs only where the defect is KeOps-specific, on
 the D = 3 float64 formulas of test_kernels.py; everything else runs on the torch engine or the
