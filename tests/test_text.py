@@ -39,7 +39,9 @@ ALLOWED = re.compile(
     rf"|\bissues?\s*#?\d+\s+(?:of|in|on)\s+(?:the\s+)?(?:{PROJECTS})\b"  # issue #123 of pykeops
     r"|[\w.-]+/[\w.-]+#\d+"                                             # cornellius-gp/gpytorch#748
     r"|[\"']sessions?[\"']"                                            # pytest's scope="session"
-    r"|\bcompile sessions?\b",                                         # KeOps' compile session
+    r"|\bcompile sessions?\b"                                          # KeOps' compile session
+    r"|(?<=[./])sessions?\b|\bsessions?\.py\b"                          # a module: lazykern.keops.session
+    r"|``[^`]*\bsessions?\b[^`]*``",                                    # an inline literal: ``session=...``
     re.I)
 
 #: (what the text speaks of, pattern). Identifiers such as ``keops_session`` never match ``\bsession``
@@ -111,6 +113,7 @@ def test_flags_text_about_how_the_work_was_organised(text):
     "returned with converged=False and a RuntimeWarning is issued; cg issues a warning",
     "each part in its own process under a hard time limit",
     "a dense matrix formed when it fits the device's budget",
+    "the hooks live in :mod:`lazykern.keops.session` (keops/session.py); ``session.depth`` counts entries",
     "colour #1f77b4, line 12, 3 hours of training",
 ])
 def test_leaves_the_code_and_the_fields_own_words(text):
