@@ -25,6 +25,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from lazykern.kernel_names import TOLERANCES
@@ -63,7 +64,8 @@ def machine() -> dict:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()}
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d")}
 
 
 def worker(job: dict) -> dict:
@@ -292,7 +294,7 @@ def describe(meta: dict, records: list[dict]) -> str:
             f"``additive-ng`` and ``oak`` with max_degree = {s['max_degree'] or 'd (all orders, the default)'}. "
             f"Machine: "
             f"{m['cpu']}, {m['cores']} cores, shared with other jobs while measured (times are indicative), torch "
-            f"{m['torch']}.")
+            f"{m['torch']}{'; the regeneration began ' + m['date'] if 'date' in m else ''}.")
 
 
 def render(meta: dict, records: list[dict]) -> None:
