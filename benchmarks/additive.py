@@ -360,7 +360,7 @@ def _cells(r: dict) -> list[str]:
 
 
 def goals(records: list[dict]) -> list[str]:
-    """Same-run checks of the performance goals (issue 12), one line each."""
+    """Same-run checks of lazykern's performance goals (docs/performance.rst), one line each."""
     ok = {(r["task"], r["dtype"], r["n"], r["method"]): r for r in records if r["status"] == "ok"}
     peers = [m for m in METHODS if m.startswith(("gpytorch", "looped"))]
     lines = []

@@ -3,7 +3,7 @@
 Both commands run in turn, each in its own process, with a warm cache (``lazykern precompile``
 for both kernels first, untimed); reported: wall seconds of each whole command (start-up, data,
 training, prediction, component analysis), their ratio, and what each JSON report says
-(training seconds, loss evaluations, test RMSE). Goal (issue 12): the default within 2x of
+(training seconds, loss evaluations, test RMSE). Goal (docs/performance.rst): the default within 2x of
 ``rbf-ard`` in the same run.
 
 Usage::

@@ -1,4 +1,4 @@
-"""The GPU run of issue #25: lazykern's GPU engines against GPyTorch's KeOps kernels, in parts.
+"""The GPU benchmark: lazykern's GPU engines against GPyTorch's KeOps kernels, in parts.
 
 Parts (each in its own process under a hard time limit, so a crash, a hang or an out-of-memory in
 one leaves the others running; each cell inside a part is guarded too):
@@ -6,7 +6,7 @@ one leaves the others running; each cell inside a part is guarded too):
 * ``probe``: KeOps' health check as lazykern runs it (:func:`lazykern.keops_cuda.health`), the CUDA
   shim and NVRTC engine it used, and :func:`lazykern.backend.engine_report`;
 * ``keops_raw``: the same first reduction through plain pykeops, without lazykern's configuration
-  (the outcome a KeOps user gets: on the H200 of issue #25, a segfault);
+  (the outcome a KeOps user gets: on an H200 with driver 580, a segfault: docs/gpu.rst);
 * ``lazy_pass``: one lazy ``K(X, X) @ V`` (16 columns) of an additive RBF kernel at d = 26, N = 13,500
   and 100,000, in pair·dim/s (N² d per second): lazykern on Triton and on KeOps, GPyTorch's KeOps
   ``RBFKernel`` (ARD, the full-dimensional kernel: the KeOps reference rate) and GPyTorch's

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a machine with a CUDA GPU: the GPU run of issue #25, at most 8 minutes on an H200, writing
+# On a machine with a CUDA GPU: the GPU benchmark, at most 8 minutes on an H200, writing
 #   benchmarks/results/gpu-<gpu>.{json,md}   every part's cells: time, pair·dim/s, the GPU's peak memory
 #   benchmarks/results/gpu-<gpu>.log         everything printed
 # The parts (benchmarks/gpu.py; each in its own process under a hard time budget, so one crash,

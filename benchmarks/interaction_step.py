@@ -20,7 +20,7 @@ Usage::
     PYTHONPATH=$PWD python benchmarks/interaction_step.py                       # N = 2000
 
 (Below :class:`lazykern.settings.keops_min_size`, 512 points, ``auto`` is the torch engine too.)
-Measured on the shared 2-core development machine (load 4-6, so only the ratio means anything),
+Measured on a shared 2-core AMD EPYC VM on 2026-11-30 (load 4-6, so only the ratio means anything),
 additive-ng at N = 2000: auto 3.6 s wall / 2.5 CPU s per step, torch 46 s / 28 CPU s (11x); before
 the CPU engine supported interaction kernels, auto took 62 s / 30 CPU s.
 """

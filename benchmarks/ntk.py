@@ -10,7 +10,7 @@ the median is over both rounds' calls, the peak the larger). float32 throughout;
 the whole kernel block: full mode ``(N k, N k)`` (or nngeometry's ``(k, N, k, N)``), trace mode
 ``(N, N)``.
 
-Networks (the issue's benchmark set, plus the MLP of the first NTK benchmark):
+Networks (the NTK benchmark set, plus the MLP of the first NTK benchmark):
 
 * ``conv_gap``: Conv(1->64, 3x3) -> ReLU -> global average pool -> Linear(10), 28x28 inputs;
 * ``cifar_cnn``: Conv(3->16, 5x5, pad 2) -> ReLU -> Conv(16->32, 3x3, stride 2, pad 1) -> ReLU ->
@@ -206,7 +206,7 @@ WORKERS = {
 
 TAIL = 'r["peak_increase_mb"] = (peak() - base) / 2**20\nprint("RESULT " + json.dumps(r))\n'
 
-# (net, N, mode); N = 1024 rows are the issue's memory comparison
+# (net, N, mode); N = 1024 rows are the memory comparison against the Jacobian contraction's peak
 FULL_CASES = [
     ("conv_gap", 64, "full"),
     ("conv_gap", 1024, "full"),

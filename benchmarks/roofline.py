@@ -26,7 +26,7 @@ others), with one untimed warm-up at 1000 points, then ``--repeats`` timed calls
 wall and of CPU seconds is reported with the load average. The machine may be shared: compare the
 ratios of one run (CPU seconds are the steadier measure under load), not absolute numbers.
 
-Goals (issue 12): engine >= 0.9x the reference; the first dense build <= 2x one lazy 12-column pass.
+Goals (docs/performance.rst): engine >= 0.9x the reference; the first dense build <= 2x one lazy 12-column pass.
 
 Usage::
 

@@ -25,6 +25,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from lazykern.kernel_names import TOLERANCES
@@ -63,7 +64,8 @@ def machine() -> dict:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()}
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d")}
 
 
 def worker(job: dict) -> dict:
@@ -292,7 +294,7 @@ def describe(meta: dict, records: list[dict]) -> str:
             f"``additive-ng`` and ``oak`` with max_degree = {s['max_degree'] or 'd (all orders, the default)'}. "
             f"Machine: "
             f"{m['cpu']}, {m['cores']} cores, shared with other jobs while measured (times are indicative), torch "
-            f"{m['torch']}.")
+            f"{m['torch']}{'; the regeneration began ' + m['date'] if 'date' in m else ''}.")
 
 
 def render(meta: dict, records: list[dict]) -> None:
@@ -428,12 +430,13 @@ with other jobs running: ARD RBF about 4 s, first-order additive RBF 29-45 s, Ne
 26 orders 53-58 s, OAK 107-110 s, each with a peak resident memory near 1.7 GB (GPyTorch's
 ``AdditiveStructureKernel`` would hold 26 × 13,500² floats, 19 GB). Training steps take longer than
 one such evaluation when conjugate gradients need many iterations. The first-order additive run at
-this size had 80 steps, to fit one session (30-45 s a step), under the recipe's earlier 10-step
-plateau window. ARD and Newton–Girard over all 26 orders ran under the 30-step window, each cut after
-140 of its 200 steps by the session's time (Newton–Girard about 43 s a step on this CPU; see the
-notes): Newton–Girard 0.086 against ARD's 0.085, though its NLPD is worse (0.14 against 0.08). Both
-losses were still falling. Under the 10-step window Newton–Girard had stopped after 96 steps at 0.208,
-and ARD had run 200 steps to 0.083. OAK's row is for a longer run or a GPU.
+this size had 80 steps (30-45 s a step), to bound the run time, under the recipe's earlier 10-step
+plateau window. ARD and Newton–Girard over all 26 orders ran under the 30-step window, each stopped
+after 140 of its 200 steps (Newton–Girard, about 43 s a step on this CPU, to bound the run time; ARD
+at the same step, to compare like with like; see the notes): Newton–Girard 0.086 against ARD's
+0.085, though its NLPD is worse (0.14 against 0.08). Both losses were still falling. Under the
+10-step window Newton–Girard had stopped after 96 steps at 0.208, and ARD had run 200 steps to 0.083.
+OAK's row is for a longer run or a GPU.
 
 What the loader checks
 ----------------------

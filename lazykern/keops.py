@@ -6,7 +6,7 @@ touching the KeOps configuration seen by any other code in the process:
 
 * :func:`keops_session` marks the KeOps reductions created inside it as lazykern's (the mark rides
   in the reduction's options, so the *gradient* reductions that KeOps derives and compiles lazily
-  during ``backward()``, outside any session, carry it too);
+  during ``backward()``, outside any :func:`keops_session`, carry it too);
 * when KeOps loads a marked reduction on the CPU, lazykern switches KeOps' compile flags and build
   folder for the duration of that load only, under a thread lock and a cross-process file lock
   (two processes compiling the same formula into the same folder wait for each other), and
@@ -228,7 +228,7 @@ def keops_session() -> Iterator[None]:
 
 
 def _install() -> None:
-    """Hook KeOps once per process: tag options of reductions built in a session, and route every
+    """Hook KeOps once per process: tag options of reductions built in a keops_session, and route every
     load through :class:`_LazykernLoader` (tagged CPU loads with lazykern's flags, all others as
     KeOps would, under the same lock). Nothing is hooked on a version outside
     :data:`PATCHED_VERSIONS`."""

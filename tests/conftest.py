@@ -1,7 +1,7 @@
 """Shared fixtures.
 
 Data. Tests of the loader, the command and the examples run on ``uci_fixture``: a small folder in
-the uci_datasets layout, written once per session into a temporary folder, with its checksums
+the uci_datasets layout, written once per test run into a temporary folder, with its checksums
 computed there; they run anywhere. Only tests of the real copy (``LAZYKERN_DATA`` if set, else
 ``../shared/uci`` beside the checkout) may skip: they take the ``data_dir`` fixture, which marks them
 ``real_data`` and, where the copy is absent, skips them all with one reason (one line of ``-ra``).

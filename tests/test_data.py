@@ -1,6 +1,6 @@
 """UCI loader: layout, splits, standardization, subsampling, and the verified download cache.
 
-Everything runs on the session's small uci_datasets-layout fixture and a local HTTP mirror; the
+Everything runs on the suite's small uci_datasets-layout fixture and a local HTTP mirror; the
 tests that take ``data_dir`` check the real copy (and skip without it).
 """
 

@@ -1,4 +1,4 @@
-"""Every path a GPyTorch user takes, against GPyTorch or dense references (issue 9's defects).
+"""Every path a GPyTorch user takes, against GPyTorch or dense references.
 
 Each test names the defect it pins down. KeOps runs only where the defect is KeOps-specific, on
 the D = 3 float64 formulas of test_kernels.py; everything else runs on the torch engine or the
@@ -128,7 +128,7 @@ def _noisy_system(n=300):
 
 
 def test_cg_accepts_lazy_evaluated_kernel_tensors():
-    """Defect 4 / done-when 4: cg on kernel(X).add_diagonal(noise), kernel(X) and sums of kernels."""
+    """Defect 4: cg on kernel(X).add_diagonal(noise), kernel(X) and sums of kernels."""
     kernel, x, dense = _noisy_system()
     Y = torch.randn(300, 3, dtype=F64)
     noise = torch.tensor(0.1, dtype=F64)
@@ -143,7 +143,7 @@ def test_cg_accepts_lazy_evaluated_kernel_tensors():
 
 
 def test_scipy_cg_on_the_scipy_view_of_a_scale_kernel_output():
-    """Defect 4 / done-when 4: scipy.sparse.linalg.cg on lazykern.as_scipy(ScaleKernel(kernel)(X))."""
+    """Defect 4: scipy.sparse.linalg.cg on lazykern.as_scipy(ScaleKernel(kernel)(X))."""
     kernel, x, dense = _noisy_system()
     b = np.random.default_rng(0).standard_normal(300)
     A = lazykern.as_scipy(kernel(x)) + 0.1 * scipy.sparse.linalg.aslinearoperator(scipy.sparse.identity(300))

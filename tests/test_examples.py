@@ -1,4 +1,4 @@
-"""The examples run end to end (small sizes, the session's UCI-layout fixture or synthetic data), write
+"""The examples run end to end (small sizes, the suite's UCI-layout fixture or synthetic data), write
 their files into ``--out``, and end a mistake in one line."""
 
 from __future__ import annotations

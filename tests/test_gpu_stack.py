@@ -1,4 +1,4 @@
-"""KeOps on the CUDA stacks users have, tested without a GPU (issue #25).
+"""KeOps on the CUDA stacks users have, tested without a GPU.
 
 * discovery: fake ``site-packages`` trees with the layouts of torch's CUDA 13 and CUDA 12 wheels
   (headers, versioned libraries built here as tiny stand-ins that answer ``nvrtcVersion``) give the

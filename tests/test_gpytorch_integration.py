@@ -193,7 +193,7 @@ def _cg_path_models(x, y, d):
 
 @pytest.mark.slow
 def test_one_cg_training_step_and_predictions_equal_gpytorch_dense_kernels(monkeypatch):
-    """Done-when 2: N = 3000, float64, max_cholesky_size=0 (CG + Lanczos), a batch of 2: one
+    """N = 3000, float64, max_cholesky_size=0 (CG + Lanczos), a batch of 2: one
     training step of lazykern's production path (one merged KeOps formula, fused gradient, dense
     cache) gives GPyTorch's loss, every hyperparameter gradient and the predictive mean and
     variance, to 1e-6 relative with CG tolerances tightened."""

@@ -102,7 +102,7 @@ def test_lazykern_reduction_leaves_keops_configuration_alone(monkeypatch):
     _run(lk.FAST_FLAGS, torch.float32, monkeypatch)
     assert (config.cpp_flags, link_compile.cpp_flags, config.get_build_folder(), list(sys.path)) == before
 
-    # A reduction built outside a lazykern session goes to KeOps' own loader, untouched.
+    # A reduction built outside keops_session goes to KeOps' own loader, untouched.
     calls = []
     monkeypatch.setattr(keops_binder["cpp"], "_keops_loader", lambda *a: calls.append(a) or "keops")
     options = {"dtype_acc": "auto", "sum_scheme": "block_sum", "use_fast_math": 1, "enable_chunks": 1}

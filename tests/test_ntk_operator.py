@@ -1,4 +1,4 @@
-"""linear_operator's own operator test bases, run on the NTK operator (issue 9).
+"""linear_operator's own operator test bases, run on the NTK operator.
 
 ``LinearOperatorTestCase`` (square) and ``RectangularLinearOperatorTestCase`` exercise every
 operator method GPyTorch users reach: products and their gradients with respect to the
@@ -99,7 +99,7 @@ for _backend in ("auto", "linearized"):
 
 
 def test_operator_uses_its_own_tensors() -> None:
-    """Issue 9, item 13: batch operations, dtype conversions and ``cat`` act on the operator's own
+    """Batch operations, dtype conversions and ``cat`` act on the operator's own
     tensors, and a backward pass reaches every representation tensor that requires grad."""
     from linear_operator.operators import cat
 

@@ -175,7 +175,7 @@ def _rtol(family: str) -> float:
 
 @contextlib.contextmanager
 def _keops_must_run(mode: str, monkeypatch):
-    """Record the lazy engines that ran (``"keops"`` sessions, ``"cpu"`` engine passes); in the keops
+    """Record the lazy engines that ran (``"keops"``: a ``keops_session``, ``"cpu"``: an engine pass); in the keops
     mode the check must have used KeOps."""
     calls = []
     session = backend.keops_session
