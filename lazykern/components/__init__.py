@@ -63,9 +63,9 @@ RBF terms also contains lower-order effects); the order share of order r is then
 training inputs, of the order's posterior-mean term
 :math:`m_r(x_i) = \sigma_r^2 \sum_j \tilde e_r(x_i, x_j)\, \alpha_j`, over the sum of these variances
 (one batched lazy reduction, R times the cost of a matvec): not a Sobol index. The first-order share of
-dimension d is that of :math:`f_d(x_{id})` on the same scale. Above :data:`SHARE_POINTS` training inputs the variances
-are taken over that many evenly spaced ones (each :math:`m_r(x_i)` still sums over all
-:math:`j`): with all 26 orders of pol at N = 2000 the reduction cost 26 full kernel passes, more
+dimension d is that of :math:`f_d(x_{id})` on the same scale. Above
+:data:`~lazykern.components.analysis.SHARE_POINTS` training inputs the variances are taken over that
+many evenly spaced ones (each :math:`m_r(x_i)` still sums over all :math:`j`): with all 26 orders of pol at N = 2000 the reduction cost 26 full kernel passes, more
 than a tenth of the training time of ``lazykern uci``.
 
 **Total effects for Newton–Girard: Monte Carlo (pick-freeze).** The terms of the kernel that contain
@@ -74,8 +74,8 @@ each :math:`s_i z_i`) are not orthogonal to the others, so the variance of their
 is not the part of :math:`\operatorname{Var} m` that input i explains. :math:`T_i` is estimated from
 its definition instead, by Jansen's estimator on the posterior mean: with
 :math:`a_1..a_S, b_1..b_S` drawn independently from :math:`P = \prod_d \hat P_d`, the product of the
-training inputs' marginal distributions (:data:`EFFECT_POINTS` of each), and :math:`a_s^{(i)}` the point
-:math:`a_s` with coordinate i taken from :math:`b_s`,
+training inputs' marginal distributions (:data:`~lazykern.components.analysis.EFFECT_POINTS` of
+each), and :math:`a_s^{(i)}` the point :math:`a_s` with coordinate i taken from :math:`b_s`,
 
 .. math::
 
