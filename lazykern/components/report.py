@@ -1,6 +1,6 @@
 """Component analysis as lines of text, each number with its definition: what ``lazykern uci`` and
 the examples print. Reads :func:`~lazykern.components.summary`'s plain values (a JSON record
-will do), so it needs neither torch nor the model."""
+will do), never the model or its tensors."""
 
 from __future__ import annotations
 
