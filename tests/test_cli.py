@@ -278,15 +278,15 @@ def test_training_defaults_are_fit_evaluates():
     import inspect
 
     from lazykern import regression
-    from lazykern.cli import _build_parser
+    from lazykern.cli.parser import build_parser
 
     defaults = {k: p.default for k, p in inspect.signature(regression.fit_evaluate).parameters.items()}
     for command in (["demo"], ["uci", "pol"]):
-        args = _build_parser().parse_args(command)
+        args = build_parser().parse_args(command)
         assert args.kernel == defaults["kernel"] == kernel_names.DEFAULT_KERNEL
         for name in ("max_degree", "iters", "lr", "optimizer", "tolerance"):
             assert getattr(args, name) == defaults[name], name
-    choices = {a.dest: a.choices for a in _build_parser()._subparsers._group_actions[0].choices["demo"]._actions}
+    choices = {a.dest: a.choices for a in build_parser()._subparsers._group_actions[0].choices["demo"]._actions}
     assert tuple(choices["optimizer"]) == regression.OPTIMIZERS and tuple(choices["kernel"]) == regression.KERNELS
 
 
@@ -300,7 +300,9 @@ def test_the_warm_up_compiles_the_dtypes_training_runs(flags, dtypes, monkeypatc
     compiles nothing unannounced; Adam (the CG path, above --max-cholesky) stays in float32."""
     import torch
 
-    from lazykern import cli, warmup
+    from lazykern import warmup
+    from lazykern.cli import train
+    from lazykern.cli.parser import build_parser
     from lazykern.warmup import PrecompileReport
 
     seen = []
@@ -310,9 +312,9 @@ def test_the_warm_up_compiles_the_dtypes_training_runs(flags, dtypes, monkeypatc
         return PrecompileReport("", 0, 1, 0.0)
 
     monkeypatch.setattr(warmup, "precompile", precompile)
-    args = cli._build_parser().parse_args(["demo", *flags])
+    args = build_parser().parse_args(["demo", *flags])
     data = type("Data", (), {"d": 3, "n_train": 200})()
-    cli._warm_up("additive-rbf", None, data, torch.device("cpu"), getattr(torch, args.dtype), args)
+    train._warm_up("additive-rbf", None, data, torch.device("cpu"), getattr(torch, args.dtype), args)
     assert seen == dtypes
 
 
@@ -451,11 +453,12 @@ def test_first_run_says_it_compiles_then_stays_quiet(tmp_path):
 
 
 def test_precompile_reads_a_datasets_dimensions(uci_fixture):
-    from lazykern.cli import _dataset_dims, _UsageError
+    from lazykern.cli.parser import UsageError
+    from lazykern.cli.precompile import _dataset_dims
 
     assert _dataset_dims("yacht", uci_fixture.root, progress=False) == 6
     assert _dataset_dims("pol", uci_fixture.root, progress=False) == 26
-    with pytest.raises(_UsageError, match="--dataset elevators: .* lacks data.csv.gz"):
+    with pytest.raises(UsageError, match="--dataset elevators: .* lacks data.csv.gz"):
         _dataset_dims("elevators", uci_fixture.root, progress=False)
 
 
@@ -463,7 +466,8 @@ def test_precompile_names_a_damaged_dataset_in_one_line(tmp_path):
     """A deflate stream damaged in its first block raised zlib.error, which the command did not catch."""
     import gzip
 
-    from lazykern.cli import _dataset_dims, _UsageError
+    from lazykern.cli.parser import UsageError
+    from lazykern.cli.precompile import _dataset_dims
 
     folder = tmp_path / "yacht"
     folder.mkdir()
@@ -471,14 +475,14 @@ def test_precompile_names_a_damaged_dataset_in_one_line(tmp_path):
     damaged[12:30] = b"\xff" * 18
     (folder / "data.csv.gz").write_bytes(bytes(damaged))
     (folder / "test_mask.csv.gz").write_bytes(gzip.compress(b"0\n"))
-    with pytest.raises(_UsageError, match=r"--dataset yacht: .*data.csv.gz: is damaged \(Error -3"):
+    with pytest.raises(UsageError, match=r"--dataset yacht: .*data.csv.gz: is damaged \(Error -3"):
         _dataset_dims("yacht", tmp_path, progress=False)
 
 
 def test_report_reads_metrics_worse_than_the_mean_predictor():
     """One line per metric on which a model does no better than the mean predictor (yacht --compare
     printed an NLPD of 2.25 against the mean predictor's 1.46 without a word)."""
-    from lazykern.cli import _readings
+    from lazykern.cli.report import _readings
 
     mean = {"rmse": 1.0, "nlpd": 1.46}
     assert _readings({"kernel": "k", "rmse": 0.5, "nlpd": 0.2}, mean) == []

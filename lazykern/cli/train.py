@@ -1,0 +1,136 @@
+"""``lazykern uci`` and ``lazykern demo``: load the data, compile each kernel's reductions (saying
+so when that takes a while), train and evaluate it by :func:`lazykern.regression.fit_evaluate`,
+then write the report, the component plot and the JSON record. torch and the rest are imported
+once the options have been checked."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import TextIO
+
+from ..kernel_names import COMPARE_KERNELS, GPYTORCH_KERNELS
+from .checks import check_options, json_to_stdout
+from .parser import COMPILE_TIMES, CPU_DEFAULT_N_TRAIN, DEMO_CPU_N_TRAIN, DEMO_GPU_N_TRAIN, UsageError
+from .report import comparison_text, results_text, training_notes
+from .runtime import resolve_device
+
+__all__ = ["run"]
+
+
+def _load(args: argparse.Namespace, device, dtype):
+    """The data split and a sentence saying how many training points were used and why."""
+    from ..data import DownloadError, load_uci, synthetic_additive
+
+    if args.command == "demo":
+        if args.n_train is not None:
+            n, why = args.n_train, "--n-train"
+        elif device.type == "cpu":
+            n, why = DEMO_CPU_N_TRAIN, "CPU default; --n-train N to change"
+        else:
+            n, why = DEMO_GPU_N_TRAIN, "GPU default; --n-train N to change"
+        data = synthetic_additive(n, args.n_test, args.d, seed=args.seed, dtype=dtype, device=device)
+        return data, f"n_train={n} synthetic points ({why})"
+    kwargs = dict(split=args.split, seed=args.seed, dtype=dtype, device=device, data_dir=args.data_dir,
+                  progress=not args.quiet)
+    try:
+        if args.n_train is not None:
+            return load_uci(args.dataset, n_train=args.n_train, **kwargs), f"n_train={args.n_train} (--n-train)"
+        data = load_uci(args.dataset, **kwargs)
+        if device.type == "cpu" and data.n_train > CPU_DEFAULT_N_TRAIN:
+            note = (f"n_train={CPU_DEFAULT_N_TRAIN}: a random subset of the {data.n_train} training points "
+                    "(CPU default; --n-train N to change)")
+            return load_uci(args.dataset, n_train=CPU_DEFAULT_N_TRAIN, **kwargs), note
+        return data, f"n_train={data.n_train}: all training points"
+    except DownloadError as err:
+        raise UsageError(f"{err}; 'lazykern demo' needs no data") from None
+    except (ValueError, TypeError, OSError) as err:
+        raise UsageError(str(err)) from None
+
+
+def _warm_up(kernel: str, max_degree: int | None, data, device, dtype, args: argparse.Namespace) -> None:
+    """Compile ``kernel``'s reductions before training, saying so on stderr when that takes a while."""
+    import gpytorch
+    import torch
+
+    from ..regression import make_kernel, refines_in_float64, resolve_optimizer
+    from ..warmup import precompile
+
+    announced = []
+
+    def announce(folder: str) -> None:
+        if not announced:
+            announced.append(folder)
+            print(f"compiling the {kernel} reductions for first use: {COMPILE_TIMES}; cached in {folder}",
+                  file=sys.stderr, flush=True)
+
+    # A float32 model that L-BFGS trains is refined in float64 (lazykern.regression.train): both dtypes run.
+    with gpytorch.settings.max_cholesky_size(args.max_cholesky):
+        refined = refines_in_float64(dtype, resolve_optimizer(args.optimizer, data.n_train))
+    module = make_kernel(kernel, data.d, max_degree).to(device)  # precompile converts a copy of it
+    reports = [precompile(module, dtype=t, dims=data.d, points=data.n_train, on_compile=None if args.quiet else announce)
+               for t in ((dtype, torch.float64) if refined else (dtype,))]
+    compiled, cached, seconds = (sum(getattr(r, k) for r in reports) for k in ("compiled", "cached", "seconds"))
+    if args.quiet:
+        return
+    if compiled:
+        print(f"compiled {compiled} {kernel} reductions in {seconds:.1f} s", file=sys.stderr, flush=True)
+    elif args.verbose:
+        print(f"{kernel}: reductions cached ({cached} loaded in {seconds:.1f} s)", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    """Run ``lazykern uci`` or ``lazykern demo``; returns the exit status."""
+    check_options(args)  # before torch is imported: a mistake is answered at once
+
+    import torch
+
+    from ..components import plot_components
+    from ..regression import fit_evaluate, gaussian_metrics
+
+    report = sys.stderr if json_to_stdout(args.json) else out
+    device = resolve_device(args.device)
+    dtype = getattr(torch, args.dtype)
+    data, note = _load(args, device, dtype)
+    if args.max_degree is not None and args.max_degree > data.d:
+        raise UsageError(f"--max-degree {args.max_degree} exceeds the {data.d} input dimensions of {data.name}; "
+                         f"use at most {data.d}")
+    print(f"{data.name} split {data.split}: {note}; n_test={data.n_test}, d={data.d}, "
+          f"{args.dtype} on {device}", file=report, flush=True)
+    kernels = [args.kernel] + ([k for k in COMPARE_KERNELS if k != args.kernel] if args.compare else [])
+    results = []
+    for i, kernel in enumerate(kernels):
+        if len(kernels) > 1 and not args.quiet:
+            print(f"[{i + 1}/{len(kernels)}] {kernel}", file=sys.stderr, flush=True)
+        max_degree = args.max_degree if i == 0 else None
+        if kernel not in GPYTORCH_KERNELS:
+            _warm_up(kernel, max_degree, data, device, dtype, args)
+        torch.manual_seed(args.seed)
+        results.append(fit_evaluate(data.train_x, data.train_y, data.test_x, data.test_y, kernel=kernel,
+                                    max_degree=max_degree, iters=args.iters, lr=args.lr,
+                                    optimizer=args.optimizer, tolerance=args.tolerance, y_scale=data.y_std,
+                                    max_cholesky_size=args.max_cholesky, progress=not args.quiet))
+    # The training mean and variance are 0 and 1 in standardized units, by construction.
+    rmse, nlpd = gaussian_metrics(torch.zeros_like(data.test_y), torch.ones_like(data.test_y), data.test_y)
+    mean_predictor = {"rmse": rmse, "nlpd": nlpd, "rmse_original": rmse * data.y_std,
+                      "nlpd_original": nlpd + math.log(data.y_std)}
+    record = {"dataset": data.name, "split": data.split, "seed": args.seed, **results[0].to_dict(),
+              "mean_predictor": mean_predictor}
+    if args.compare:
+        record["compare"] = [r.to_dict() for r in results[1:]]
+    print(results_text(record), file=report)
+    print("\n" + comparison_text(record), file=report, flush=True)
+    for note in (line for result in results for line in training_notes(result.to_dict())):
+        print(note, file=sys.stderr, flush=True)
+    if args.plot is not None:
+        plot_components(results[0].analysis, args.plot, x_mean=data.x_mean, x_std=data.x_std, y_mean=data.y_mean,
+                        y_std=data.y_std, title=f"{data.name} split {data.split}: {args.kernel}")
+        print(f"wrote {args.plot}", file=report)
+    if json_to_stdout(args.json):
+        print(json.dumps(record, indent=2), file=out, flush=True)
+    elif args.json is not None:
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {args.json}", file=report)
+    return 0
