@@ -40,23 +40,30 @@ Example:
 
 from __future__ import annotations
 
+from ..compiler.ops import OPS, lookup
 from ..compiler.plan import Reduction, compact
-from ..compiler.trace import BINARY, Node, Unsupported, reachable
+from ..compiler.trace import Node, Unsupported, reachable
 
 __all__ = ["Reduction", "compact", "generate", "TILES"]
 
 #: Inner points per tile, by C type (measured on AVX2: 32 doubles were slower, 128 floats no faster).
 TILES = {"float": 64, "double": 64}
 
-_FUNCS = {
-    "float": {"exp": "expf", "expm1": "expm1f", "log": "logf", "sin": "sinf", "cos": "cosf", "sqrt": "sqrtf",
-              "abs": "fabsf", "pow": "powf"},
-    "double": {"exp": "exp", "expm1": "expm1", "log": "log", "sin": "sin", "cos": "cos", "sqrt": "sqrt",
-               "abs": "fabs", "pow": "pow"},
+#: C code of each elementwise operation of :mod:`lazykern.compiler.ops`: ``{0}``, ``{1}`` the
+#: arguments, ``{f}`` the suffix of the math library's function for the type (``expf``, ``exp``),
+#: ``{p}`` the constant exponent of ``pow``.
+CODE = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "neg": "(-{0})",
+    "exp": "exp{f}({0})", "expm1": "expm1{f}({0})", "log": "log{f}({0})", "sin": "sin{f}({0})",
+    "cos": "cos{f}({0})", "sqrt": "sqrt{f}({0})", "abs": "fabs{f}({0})", "rsqrt": "((T)1 / sqrt{f}({0}))",
+    "pow": "pow{f}({0}, {p})",
+    "sign": "({0} > (T)0 ? (T)1 : ({0} < (T)0 ? (T)(-1) : (T)0))", "step": "({0} < (T)0 ? (T)0 : (T)1)",
+    "relu": "({0} > (T)0 ? {0} : (T)0)",
 }
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-#: Operations that are loops over the feature axis (see ``lazykern.compiler.trace``), not elementwise.
-RECURRENCES = ("esym", "esym_vjp")
+#: The suffix of the C math library's functions, by type.
+_SUFFIX = {"float": "f", "double": ""}
+#: Operations that are loops over the feature axis (see :mod:`lazykern.compiler.ops`), not elementwise.
+RECURRENCES = tuple(name for name, op in OPS.items() if op.kind == "recurrence")
 
 
 def generate(red: Reduction, name: str = "lk_reduce") -> str:
@@ -73,7 +80,7 @@ class _Writer:
         self.red, self.name = red, name
         self.nodes = red.nodes
         self.tile = TILES[red.dtype]
-        self.funcs = _FUNCS[red.dtype]
+        self.suffix = _SUFFIX[red.dtype]
         self.role: dict[str, tuple[str, int]] = {}
         for k, n in enumerate(red.outer):
             self.role[n] = ("outer", k)
@@ -209,7 +216,8 @@ class _Writer:
             # CPU LAPACK about 10x slower on the dense matrix (see lazykern.backend.pairwise_dense).
             tiny = "FLT_MIN" if red.dtype == "float" else "DBL_MIN"
             t("_Pragma(\"omp simd\")")
-            t(f"for (int64_t t = 0; t < (tn); ++t) dense[(j0) + t] = {self.funcs['abs']}(m{red.store}[t]) < {tiny} ? (T)0 : m{red.store}[t];")
+            entry = f"m{red.store}[t]"
+            t(f"for (int64_t t = 0; t < (tn); ++t) dense[(j0) + t] = {self._apply('abs', [entry])} < {tiny} ? (T)0 : {entry};")
         width = max(len(line) for line in body) + 2
         head.append("#define LK_TILE(j0, tn) do { \\")
         head.extend("  " + line.ljust(width) + "\\" for line in body)
@@ -321,7 +329,7 @@ class _Writer:
             out.extend(_recurrence_code(self.nodes, z, self._row_ref, f"r{z}", "1", "1", None))
         else:
             args = [self._row_ref(a, "k") for a in node.args]
-            out.append(f"for (int64_t k = 0; k < {node.width}; ++k) r{z}[k] = {self._apply(node, args)};")
+            out.append(f"for (int64_t k = 0; k < {node.width}; ++k) r{z}[k] = {self._apply(node.op, args, node.attr)};")
         return out
 
     # ------------------------------------------------------------------ pair nodes
@@ -458,7 +466,7 @@ class _Writer:
             raise AssertionError(f"{node.op} node {z} must be materialized")
         args = [self._pair(a, idx, mat, memo, body) for a in node.args]
         var = f"v{len(memo)}"
-        body.append(f"const T {var} = {self._apply(node, args)};")
+        body.append(f"const T {var} = {self._apply(node.op, args, node.attr)};")
         memo[key] = var
         return var
 
@@ -478,26 +486,10 @@ class _Writer:
     def _const(self, value: float) -> str:
         return f"(T)({value!r})"
 
-    def _apply(self, node: Node, args: list[str]) -> str:
-        op, f = node.op, self.funcs
-        if op in BINARY:
-            return f"({args[0]} {_INFIX[op]} {args[1]})"
-        a = args[0]
-        if op == "neg":
-            return f"(-{a})"
-        if op in ("exp", "expm1", "log", "sin", "cos", "sqrt", "abs"):
-            return f"{f[op]}({a})"
-        if op == "rsqrt":
-            return f"((T)1 / {f['sqrt']}({a}))"
-        if op == "pow":
-            return f"{f['pow']}({a}, {self._const(node.attr)})"
-        if op == "sign":
-            return f"({a} > (T)0 ? (T)1 : ({a} < (T)0 ? (T)(-1) : (T)0))"
-        if op == "step":
-            return f"({a} < (T)0 ? (T)0 : (T)1)"
-        if op == "relu":
-            return f"({a} > (T)0 ? {a} : (T)0)"
-        raise Unsupported(f"operation {op!r}")
+    def _apply(self, op: str, args: list[str], attr: object = None) -> str:
+        """The C expression of elementwise ``op`` (its ``attr``: the exponent of ``pow``) on ``args``."""
+        code = lookup(CODE, op, "lazykern.cpu.codegen.CODE")
+        return code.format(*args, f=self.suffix, p=self._const(attr) if op == "pow" else None)
 
 
 def _scratch_rows(nodes: tuple[Node, ...], z: int) -> int:
