@@ -16,8 +16,8 @@ import torch
 
 from lazykern.compiler import ops
 from lazykern.compiler.grad import adjoints
-from lazykern.compiler.plan import param_spec, program
-from lazykern.compiler.trace import Graph, Node
+from lazykern.compiler.plan import analyze, param_spec, program
+from lazykern.compiler.trace import Graph, Node, Unsupported
 from lazykern.cpu import codegen as c_target
 from lazykern.formulas import InteractionFormula, StationaryFormula
 from lazykern.formulas.interactions import elementary_symmetric
@@ -140,6 +140,19 @@ def test_an_unknown_op_is_an_error_in_differentiation_and_tracing():
         g.unary("frobnicate", x)
     with pytest.raises(ops.UnknownOp, match="'sum'"):
         g.unary("sum", x)  # not elementwise: the feature axis has its own builder
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_targets_read_the_plan_s_analysis(target, monkeypatch):
+    """Both writers take the row/pair classification from lazykern.compiler.plan.analyze, so a
+    leaf no buffer binds fails there, for both alike."""
+    red = program(StationaryFormula("rbf"), "mm", D, D, (), "double")
+    layout = analyze(red)
+    assert {red.nodes[z].attr: layout.row[z] for z in layout.needed if red.nodes[z].op == "in"} == {"o": True, "i": False}
+    assert not layout.row[red.matmul[0]]  # the kernel value is a pair value
+    unbound = dataclasses.replace(red, inner=())
+    with pytest.raises(Unsupported, match="leaf 'i' has no buffer"):
+        TARGETS[target].generate(unbound)
 
 
 def test_folding_and_identities_follow_the_table():

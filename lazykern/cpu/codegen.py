@@ -41,8 +41,8 @@ Example:
 from __future__ import annotations
 
 from ..compiler.ops import OPS, lookup
-from ..compiler.plan import Reduction, compact
-from ..compiler.trace import Node, Unsupported, reachable
+from ..compiler.plan import Reduction, analyze, compact
+from ..compiler.trace import Node
 
 __all__ = ["Reduction", "compact", "generate", "TILES"]
 
@@ -81,47 +81,22 @@ class _Writer:
         self.nodes = red.nodes
         self.tile = TILES[red.dtype]
         self.suffix = _SUFFIX[red.dtype]
-        self.role: dict[str, tuple[str, int]] = {}
-        for k, n in enumerate(red.outer):
-            self.role[n] = ("outer", k)
-        for k, n in enumerate(red.inner):
-            self.role[n] = ("inner", k)
-        for k, n in enumerate(red.params):
-            self.role[n] = ("param", k)
-        for k, w in enumerate(red.weights):
-            self.role[w[0]] = ("weight", k)
-        outputs = list(red.sums) + ([red.matmul[0]] if red.matmul else []) + ([red.store] if red.store is not None else [])
-        self.needed = set(reachable(self.nodes, outputs))
-        self.row = self._classify()
+        self.layout = analyze(red)
+        self.role, self.needed, self.row = self.layout.role, self.layout.needed, self.layout.row
         # Per-thread scratch (elements, in units of TILE lanes) of the pair recurrences that keep states.
         self.scratch: dict[int, str] = {}
         total = 0
-        for z in sorted(self.needed):
+        for z in self.needed:
             if self.nodes[z].op == "esym_vjp" and not self.row[z]:
                 self.scratch[z] = f"{total} * TILE"
                 total += _scratch_rows(self.nodes, z)
         self.scratch_size = f"{total} * TILE" if total else "0"
         self.consumers: dict[int, list[int]] = {}
-        for z in sorted(self.needed):
+        for z in self.needed:
             for a in self.nodes[z].args:
                 self.consumers.setdefault(a, []).append(z)
 
     # ------------------------------------------------------------------ analysis
-    def _classify(self) -> dict[int, bool]:
-        """True for nodes that depend on the row only (outer inputs, parameters, constants)."""
-        row: dict[int, bool] = {}
-        for z in sorted(self.needed):
-            node = self.nodes[z]
-            if node.op == "in":
-                if node.attr not in self.role:
-                    raise Unsupported(f"leaf {node.attr!r} has no buffer")
-                row[z] = self.role[node.attr][0] in ("outer", "param")
-            elif node.op == "const":
-                row[z] = True
-            else:
-                row[z] = all(row[a] for a in node.args)
-        return row
-
     def _materialized(self) -> set[int]:
         """Pair nodes kept in tile arrays: sums, concatenations, width-1 values that broadcast into
         wider ones, and the value a matmul or dense store reads."""
@@ -245,7 +220,7 @@ class _Writer:
         w("      const int64_t b = r / n, i = r - b * n;")
         for k, nm in enumerate(red.outer):
             q = ptr_of["outer:" + nm]
-            w(f"      const T* const __restrict__ o{k} = B{q} + b * bstride[{q}] + i * {self._leaf_width(nm)};")
+            w(f"      const T* const __restrict__ o{k} = B{q} + b * bstride[{q}] + i * {self.layout.leaf_width(nm)};")
         for k, nm in enumerate(red.params):
             q = ptr_of["param:" + nm]
             w(f"      const T* const __restrict__ p{k} = B{q} + b * bstride[{q}];")
@@ -261,7 +236,7 @@ class _Writer:
             w(f"      T* const __restrict__ dense = B{q} + b * bstride[{q}] + i * m;")
         w(f"      memset(acc, 0, sizeof(T) * ({acc_size} + {mm_size}));")
         # Row prologue: everything that depends on the row only, once per row.
-        for z in sorted(self.needed):
+        for z in self.needed:
             if self.row[z] and self.nodes[z].op not in ("in", "const"):
                 lines.extend("      " + s for s in self._row_node(z))
         w("      int64_t j0 = 0;")
@@ -290,12 +265,6 @@ class _Writer:
         w("  }")
         w("}")
         return "\n".join(lines) + "\n"
-
-    def _leaf_width(self, name: str) -> int:
-        for node in self.nodes:
-            if node.op == "in" and node.attr == name:
-                return node.width
-        return 1  # bound but unused by the expression: any row stride works, nothing is read
 
     # ------------------------------------------------------------------ row nodes
     def _row_ref(self, z: int, idx: str) -> str:

@@ -40,8 +40,8 @@ Example:
 from __future__ import annotations
 
 from ..compiler.ops import OPS, lookup
-from ..compiler.plan import Reduction
-from ..compiler.trace import Node, Unsupported, reachable
+from ..compiler.plan import Reduction, analyze
+from ..compiler.trace import Node
 
 __all__ = ["generate"]
 
@@ -100,39 +100,16 @@ def generate(red: Reduction, name: str = "lk_reduce") -> str:
 class _Writer:
     def __init__(self, red: Reduction, name: str) -> None:
         self.red, self.name, self.nodes = red, name, red.nodes
-        self.role: dict[str, tuple[str, int]] = {}
-        for kind, names in (("outer", red.outer), ("inner", red.inner), ("param", red.params)):
-            for k, n in enumerate(names):
-                self.role[n] = (kind, k)
-        for k, w in enumerate(red.weights):
-            self.role[w[0]] = ("weight", k)
+        self.layout = analyze(red)
+        self.role, self.row = self.layout.role, self.layout.row
         self.ptr = {role: k for k, role in enumerate(red.operands())}
-        outputs = [*red.sums, *([red.matmul[0]] if red.matmul else []), *([red.store] if red.store is not None else [])]
-        self.needed = reachable(red.nodes, outputs)
-        self.row = self._classify()
         self.pro: list[str] = []  # once per program: the row's values
         self.body: list[str] = []  # once per tile of inner points
         self.memo: dict[tuple[int, int], str] = {}
 
-    def _classify(self) -> dict[int, bool]:
-        """True for nodes that depend on the row only (outer inputs, parameters, constants)."""
-        row: dict[int, bool] = {}
-        for z in self.needed:
-            node = self.nodes[z]
-            if node.op == "in":
-                if node.attr not in self.role:
-                    raise Unsupported(f"leaf {node.attr!r} has no buffer")
-                row[z] = self.role[node.attr][0] in ("outer", "param")
-            else:
-                row[z] = node.op == "const" or all(row[a] for a in node.args)
-        return row
-
     def _buf(self, role: str) -> str:
         q = self.ptr[role]
         return f"B{q} + b * S{q}"
-
-    def _leaf_width(self, name: str) -> int:
-        return next((n.width for n in self.nodes if n.op == "in" and n.attr == name), 1)
 
     # ------------------------------------------------------------------ expressions
     def ref(self, z: int, k: int) -> str:
@@ -163,7 +140,7 @@ class _Writer:
         if op == "in":
             kind, idx = self.role[node.attr]
             if kind == "outer":
-                width = self._leaf_width(node.attr)
+                width = self.layout.leaf_width(node.attr)
                 out.append(f"{var} = tl.load({self._buf('outer:' + node.attr)} + rows2 * {width} + {k},"
                            " mask=rmask2, other=0.0)")
             elif kind == "inner":
