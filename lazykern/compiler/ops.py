@@ -382,7 +382,7 @@ class Concat(Op):
 # ---------------------------------------------------------------------------- recurrences
 class ElementarySymmetric(Op):
     r""":math:`\tilde e_1(a), \dots, \tilde e_R(a)` (``R = attr``), the normalized elementary
-    symmetric polynomials of :func:`lazykern.formulas.interactions.elementary_symmetric`;
+    symmetric polynomials of :func:`lazykern.formulas.interactions.elementary_symmetric_reference`;
     :math:`\bar a` is the ``esym_vjp`` node of :math:`(a, g)`."""
 
     name, arity, kind = "esym", 1, "recurrence"

@@ -474,10 +474,12 @@ def _recurrence_code(nodes, z, operand, out: str, stride: str, lanes: str, scrat
     row ``k`` of the result is ``out + k * stride``; ``scratch`` points to
     :func:`_scratch_rows` rows of ``stride``.
 
-    ``esym`` is the summation recurrence of :func:`lazykern.formulas.keops_nodes._forward_code`
-    (after input j, state r holds e_r(z_1..z_j) / binom(j, r)), in the same order of operations,
-    computed in the result rows; ``esym_vjp`` is the reverse mode of the KeOps gradient node
-    (forward states kept, then the adjoint runs backwards over the inputs)."""
+    ``esym`` is the summation recurrence of
+    :func:`lazykern.formulas.interactions.elementary_symmetric_reference` (after input j, state r
+    holds e_r(z_1..z_j) / binom(j, r)) in the order of operations of KeOps' node
+    (:mod:`lazykern.formulas.keops_nodes`), computed in the result rows; ``esym_vjp`` is its reverse
+    mode (forward states kept, then the adjoint runs backwards over the inputs). Both are tested
+    against the specification in ``tests/test_elementary_symmetric.py``."""
     node = nodes[z]
     r_max = node.attr
     zarg = node.args[0]

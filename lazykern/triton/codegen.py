@@ -17,8 +17,9 @@ of ``BLOCK_M``; every pair expression is one ``[BLOCK_N, BLOCK_M]`` block of reg
   the last row or point are masked to zero before anything is summed or stored;
 * the recurrence nodes (``esym``: normalized elementary symmetric polynomials, ``esym_vjp``: their
   vector-Jacobian product) are unrolled as well: the summation recurrence of
-  :func:`lazykern.cpu.codegen._recurrence_code`, its states kept as blocks, the reverse mode over the
-  inputs backwards. The source grows as :math:`D R`, which suits the small orders of interaction
+  :func:`lazykern.formulas.interactions.elementary_symmetric_reference` in the C target's order of
+  operations, its states kept as blocks, the reverse mode over the inputs backwards (tested against
+  the specification in ``tests/test_elementary_symmetric.py``). The source grows as :math:`D R`, which suits the small orders of interaction
   kernels.
 
 Nothing of the size of the problem is compiled in (``N``, ``M``, ``C`` and the batch are runtime
