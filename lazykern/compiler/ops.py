@@ -42,9 +42,10 @@ class Unsupported(Exception):
 
 
 class UnknownOp(LookupError):
-    """A graph node names an operation that the table (or a target's code table) does not have: a
-    bug of lazykern, not a property of the formula (so not :class:`Unsupported`, which sends the
-    formula to another engine)."""
+    """A graph node names an operation that the table does not have, or whose derivative rule or
+    target code is missing: a bug of lazykern, not a property of the formula (so neither
+    :class:`Unsupported`, which sends the formula to another engine, nor a ``RuntimeError``, which
+    the planner treats as a formula it cannot plan)."""
 
 
 Give = Callable[..., None]
@@ -72,7 +73,9 @@ class Op:
         return None
 
     def adjoint(self, graph: Any, z: int, node: Any, g: int, give: Give) -> None:
-        raise NotImplementedError(f"operation {self.name!r} has no derivative rule")
+        """Pass the adjoint ``g`` of node ``z`` on to its arguments through ``give`` (see the module
+        docstring); every operation defines its own, an empty one where nothing passes on."""
+        raise UnknownOp(f"operation {self.name!r} has no derivative rule")
 
 
 def _is(graph: Any, a: int, value: float) -> bool:

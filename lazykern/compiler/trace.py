@@ -108,7 +108,7 @@ class Graph:
         wa, wb = self.width(a), self.width(b)
         if wa != wb and 1 not in (wa, wb):
             raise Unsupported(f"cannot broadcast widths {wa} and {wb}")
-        if OPS[op].commutative and b < a:  # one node for a + b and b + a
+        if lookup(OPS, op).commutative and b < a:  # one node for a + b and b + a
             a, b = b, a
         return self._elementwise(op, (a, b), max(wa, wb))
 
@@ -404,18 +404,19 @@ class Sym:
     cat = concatenate = concat
 
 
-def _method(op: str, doc: str | None) -> Callable[[Sym], Sym]:
+def _method(name: str, op: str, doc: str | None) -> Callable[[Sym], Sym]:
+    """``Sym.<name>()``: the unary operation ``op`` of the placeholder."""
+
     def method(self: Sym) -> Sym:
         return self._wrap(self.graph.unary(op, self.node))
 
-    method.__name__ = method.__qualname__ = op
-    method.__doc__ = doc
+    method.__name__, method.__qualname__, method.__doc__ = name, f"Sym.{name}", doc
     return method
 
 
 for _op in OPS.values():
     if _op.method is not None:
-        setattr(Sym, _op.method, _method(_op.name, type(_op).__doc__))
+        setattr(Sym, _op.method, _method(_op.method, _op.name, type(_op).__doc__))
 
 
 def trace(
