@@ -10,11 +10,15 @@ Broadcasting follows the forward pass: a width-1 operand of a width-:math:`D` op
 the sum over the feature axis of its adjoint; slices scatter their adjoints into the sliced range
 (adjoints of disjoint slices of one input become one concatenation, not a sum of zero-padded
 pieces).
+
+The rule of each operation is declared with the operation, in :mod:`lazykern.compiler.ops`; a node
+whose operation the table lacks raises :class:`~lazykern.compiler.ops.UnknownOp`.
 """
 
 from __future__ import annotations
 
-from .trace import Graph, Unsupported
+from .ops import OPS, lookup
+from .trace import Graph
 
 __all__ = ["adjoints"]
 
@@ -55,60 +59,7 @@ def adjoints(graph: Graph, seeded: list[tuple[int, int]], wrt: list[int]) -> dic
             continue
         g = done[z] = _gather(graph, z, pieces.pop(z))
         node = graph.nodes[z]
-        op, args = node.op, node.args
-        b = graph.binary
-        if op == "add":
-            give(args[0], g)
-            give(args[1], g)
-        elif op == "sub":
-            give(args[0], g)
-            give(args[1], graph.unary("neg", g))
-        elif op == "mul":
-            give(args[0], b("mul", g, args[1]))
-            give(args[1], b("mul", g, args[0]))
-        elif op == "div":
-            give(args[0], b("div", g, args[1]))
-            give(args[1], graph.unary("neg", b("div", b("mul", g, z), args[1])))
-        elif op == "neg":
-            give(args[0], graph.unary("neg", g))
-        elif op == "exp":
-            give(args[0], b("mul", g, z))
-        elif op == "expm1":  # e^u = expm1(u) + 1: no second exponential per pair
-            give(args[0], b("mul", g, b("add", z, graph.const(1.0))))
-        elif op == "log":
-            give(args[0], b("div", g, args[0]))
-        elif op == "sin":
-            give(args[0], b("mul", g, graph.unary("cos", args[0])))
-        elif op == "cos":
-            give(args[0], graph.unary("neg", b("mul", g, graph.unary("sin", args[0]))))
-        elif op == "sqrt":
-            give(args[0], b("div", b("mul", graph.const(0.5), g), z))
-        elif op == "rsqrt":  # d a^(-1/2) = -a^(-1/2) / (2 a)
-            give(args[0], b("div", b("mul", graph.const(-0.5), b("mul", g, z)), args[0]))
-        elif op == "abs":
-            give(args[0], b("mul", g, graph.unary("sign", args[0])))
-        elif op == "relu":
-            give(args[0], b("mul", g, graph.unary("step", args[0])))
-        elif op == "pow":
-            p = node.attr
-            give(args[0], b("mul", b("mul", graph.const(p), g), graph.power(args[0], p - 1.0)))
-        elif op == "esym":
-            give(args[0], graph.elementary_symmetric_vjp(args[0], g, node.attr))
-        elif op == "esym_vjp":
-            raise Unsupported("second derivatives of elementary symmetric polynomials")
-        elif op == "sum":
-            give(args[0], g)
-        elif op == "expand":
-            give(args[0], graph.sum(g))
-        elif op == "slice":
-            give(args[0], g, node.attr, node.width)
-        elif op == "concat":
-            offset = 0
-            for part in args:
-                w = graph.width(part)
-                give(part, g if graph.width(g) == 1 else graph.slice(g, offset, w))
-                offset += w
-        # sign, step: derivative zero almost everywhere; leaves and constants: nothing to pass on
+        lookup(OPS, node.op).adjoint(graph, z, node, g, give)
     return {leaf: None if leaf not in done else graph.expand(done[leaf], graph.width(leaf)) for leaf in wrt}
 
 

@@ -12,8 +12,9 @@ pair) as a reduction over the *inner* points :math:`j` (the other side):
 symmetric gradient): it traces the formula (:mod:`lazykern.compiler.trace`), differentiates it
 (:mod:`lazykern.compiler.grad`) and chooses the outputs. Nothing here depends on the device: the C
 target (:mod:`lazykern.cpu.codegen`) and the Triton target (:mod:`lazykern.triton.codegen`) turn
-the same :class:`Reduction` into their code, and ``dtype`` is a name (``"float"``, ``"double"``)
-each target maps to its own type.
+the same :class:`Reduction` into their code, both reading it through the same :func:`analyze`
+(the buffer of each leaf, the nodes the outputs need, which are row values and which pair values),
+and ``dtype`` is a name (``"float"``, ``"double"``) each target maps to its own type.
 
 Example:
     >>> from lazykern.formulas import StationaryFormula
@@ -32,11 +33,11 @@ import torch
 from torch import Tensor
 
 from .grad import adjoints
-from .trace import Graph, Node, Unsupported, trace
+from .trace import Graph, Node, Unsupported, reachable, trace
 
 Formula = Callable[..., object]
 
-__all__ = ["DTYPES", "Reduction", "compact", "plannable", "unsupported"]
+__all__ = ["DTYPES", "Analysis", "Reduction", "analyze", "compact", "plannable", "unsupported"]
 
 #: The element types the targets compile for, by the plan's names (``Reduction.dtype``).
 DTYPES = {torch.float32: "float", torch.float64: "double"}
@@ -85,6 +86,66 @@ class Reduction:
     @property
     def sums_width(self) -> int:
         return sum(self.nodes[n].width for n in self.sums)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What every target reads off a :class:`Reduction` before it writes code: the buffer of each
+    leaf, the nodes the outputs need and which of them are *row values*.
+
+    ``role`` maps each leaf name to ``(kind, index)``: ``kind`` is ``"outer"``, ``"inner"``,
+    ``"param"`` or ``"weight"``, ``index`` its position among the reduction's names of that kind
+    (``Reduction.outer``, ``inner``, ``params``, ``weights``). ``needed`` lists the nodes the
+    outputs depend on, in topological order. ``row[z]`` is true for a node that depends on the outer
+    row only (outer inputs, parameters, constants and what is computed from them alone): a target
+    computes it once per row; the others are *pair values*, computed for every pair. ``leaf_widths``
+    gives the width of each leaf the nodes read.
+    """
+
+    role: Mapping[str, tuple[str, int]]
+    needed: tuple[int, ...]
+    row: Mapping[int, bool]
+    leaf_widths: Mapping[str, int]
+
+    def leaf_width(self, name: str) -> int:
+        """The width of leaf ``name``; 1 for a leaf the reduction binds but its expressions never
+        read (any row stride works for it: nothing is loaded)."""
+        return self.leaf_widths.get(name, 1)
+
+
+def analyze(red: Reduction) -> Analysis:
+    """The :class:`Analysis` of ``red``; raises :class:`Unsupported` for a leaf no buffer binds.
+
+    Example:
+        >>> from lazykern.formulas import StationaryFormula
+        >>> red = program(StationaryFormula("rbf"), "gradA", 3, 3, (), "double", ("x",))
+        >>> a = analyze(red)
+        >>> a.role["o"], a.role["w0"], a.leaf_width("i")
+        (('outer', 0), ('weight', 0), 3)
+        >>> [red.nodes[z].op for z in a.needed if a.row[z]]  # the row's input and a constant: nothing else
+        ['in', 'const']
+    """
+    role: dict[str, tuple[str, int]] = {}
+    for kind, names in (("outer", red.outer), ("inner", red.inner), ("param", red.params),
+                        ("weight", [w[0] for w in red.weights])):
+        for k, name in enumerate(names):
+            role[name] = (kind, k)
+    outputs = [*red.sums, *([red.matmul[0]] if red.matmul else []), *([red.store] if red.store is not None else [])]
+    needed = tuple(reachable(red.nodes, outputs))
+    row: dict[int, bool] = {}
+    for z in needed:  # topological: a node's arguments are classified before it
+        node = red.nodes[z]
+        if node.op == "in":
+            if node.attr not in role:
+                raise Unsupported(f"leaf {node.attr!r} has no buffer")
+            row[z] = role[node.attr][0] in ("outer", "param")
+        else:
+            row[z] = node.op == "const" or all(row[a] for a in node.args)
+    leaf_widths: dict[str, int] = {}
+    for node in red.nodes:
+        if node.op == "in":
+            leaf_widths.setdefault(node.attr, node.width)
+    return Analysis(role=role, needed=needed, row=row, leaf_widths=leaf_widths)
 
 
 def compact(graph: Graph, outputs: list[int]) -> tuple[tuple[Node, ...], dict[int, int]]:

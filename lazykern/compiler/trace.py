@@ -14,8 +14,10 @@ use): ``+ - * /``, unary ``-``, ``**`` with a constant exponent, ``exp``, ``expm
 ``sin``, ``cos``, ``sqrt``, ``rsqrt``, ``square``, ``abs``, ``relu``, ``sign``, ``step``,
 ``.sum(-1)`` (the feature axis), ``|`` (dot product), ``sqnorm2``, ``norm2``, ``sqdist``,
 ``matvecmult``, indexing and slicing of the feature axis (``x[k]``, ``x[a:b]``, ``x[..., a:b]``,
-``elem``, ``extract``) and ``concat``. Anything else raises :class:`Unsupported`, which
-:func:`lazykern.cpu.supports` turns into ``False`` (the caller then uses KeOps).
+``elem``, ``extract``) and ``concat``. They become the operations of :mod:`lazykern.compiler.ops`,
+which declares each once (arity, constant folding, simplifications, derivative). Anything else
+raises :class:`Unsupported`, which :func:`lazykern.cpu.supports` turns into ``False`` (the caller
+then uses KeOps).
 
 Two operations are recurrences over the feature axis, one node each, as KeOps' custom nodes of
 :mod:`lazykern.formulas.keops_nodes` are: ``elementary_symmetric(R)`` (the normalized elementary
@@ -40,14 +42,9 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from .ops import OPS, UnknownOp, Unsupported, lookup
+
 __all__ = ["Graph", "Node", "Sym", "Unsupported", "reachable", "trace"]
-
-UNARY = ("neg", "exp", "expm1", "log", "sin", "cos", "sqrt", "rsqrt", "abs", "sign", "step", "relu")
-BINARY = ("add", "sub", "mul", "div")
-
-
-class Unsupported(Exception):
-    """The formula uses something the CPU engine does not generate code for."""
 
 
 class _UnsupportedAttribute(Unsupported, AttributeError):
@@ -105,56 +102,31 @@ class Graph:
 
     # ------------------------------------------------------------------ elementwise
     def unary(self, op: str, a: int) -> int:
-        w, c = self.width(a), self.const_value(a)
-        if op == "neg":
-            node = self.nodes[a]
-            if node.op == "neg":
-                return node.args[0]
-            if c is not None:
-                return self.const(-c, w)
-        if c is not None and op in ("exp", "expm1", "sqrt", "abs"):
-            return self.const({"exp": math.exp, "expm1": math.expm1, "sqrt": math.sqrt, "abs": abs}[op](c), w)
-        return self._add(op, (a,), None, w)
+        return self._elementwise(op, (a,), self.width(a))
 
     def binary(self, op: str, a: int, b: int) -> int:
         wa, wb = self.width(a), self.width(b)
         if wa != wb and 1 not in (wa, wb):
             raise Unsupported(f"cannot broadcast widths {wa} and {wb}")
-        w = max(wa, wb)
-        ca, cb = self.const_value(a), self.const_value(b)
-        if ca is not None and cb is not None and not (op == "div" and cb == 0.0):
-            return self.const({"add": ca + cb, "sub": ca - cb, "mul": ca * cb, "div": ca / (cb or 1.0)}[op], w)
-        keep_a = wa == w
-        keep_b = wb == w
-        if op == "add":
-            if cb == 0.0 and keep_a:
-                return a
-            if ca == 0.0 and keep_b:
-                return b
-        elif op == "sub":
-            if cb == 0.0 and keep_a:
-                return a
-            if ca == 0.0 and keep_b:
-                return self.unary("neg", b)
-        elif op == "mul":
-            if 0.0 in (ca, cb):
-                return self.const(0.0, w)
-            if cb == 1.0 and keep_a:
-                return a
-            if ca == 1.0 and keep_b:
-                return b
-            if cb == -1.0 and keep_a:
-                return self.unary("neg", a)
-            if ca == -1.0 and keep_b:
-                return self.unary("neg", b)
-        elif op == "div":
-            if cb == 1.0 and keep_a:
-                return a
-            if ca == 0.0:
-                return self.const(0.0, w)
-        if op in ("add", "mul") and b < a:  # commutative: one node for a + b and b + a
+        if lookup(OPS, op).commutative and b < a:  # one node for a + b and b + a
             a, b = b, a
-        return self._add(op, (a, b), None, w)
+        return self._elementwise(op, (a, b), max(wa, wb))
+
+    def _elementwise(self, op: str, args: tuple[int, ...], width: int) -> int:
+        """The node of elementwise ``op`` on ``args``: a folded constant, a simpler node the op's
+        identities give, or a new node (:mod:`lazykern.compiler.ops` declares each)."""
+        rule = lookup(OPS, op)
+        if rule.kind != "elementwise" or rule.arity != len(args):
+            raise UnknownOp(f"{op!r} is not an elementwise operation of {len(args)} arguments")
+        values = [self.const_value(a) for a in args]
+        if None not in values:
+            folded = rule.fold(*values)
+            if folded is not None:
+                return self.const(folded, width)
+        simpler = rule.simplify(self, args, width)
+        if simpler is not None:
+            return simpler
+        return self._add(op, args, None, width)
 
     def power(self, a: int, p: float) -> int:
         if p == 0.0:
@@ -363,42 +335,8 @@ class Sym:
         return (self * o).sum(-1)
 
     # ------------------------------------------------------------------ elementwise functions
-    def _un(self, op: str) -> "Sym":
-        return self._wrap(self.graph.unary(op, self.node))
-
-    def exp(self) -> "Sym":
-        return self._un("exp")
-
-    def expm1(self) -> "Sym":
-        """:math:`e^x - 1`, accurate near 0 (C's ``expm1``; not a ``LazyTensor`` method)."""
-        return self._un("expm1")
-
-    def log(self) -> "Sym":
-        return self._un("log")
-
-    def sin(self) -> "Sym":
-        return self._un("sin")
-
-    def cos(self) -> "Sym":
-        return self._un("cos")
-
-    def sqrt(self) -> "Sym":
-        return self._un("sqrt")
-
-    def rsqrt(self) -> "Sym":
-        return self._un("rsqrt")
-
-    def abs(self) -> "Sym":
-        return self._un("abs")
-
-    def sign(self) -> "Sym":
-        return self._un("sign")
-
-    def step(self) -> "Sym":
-        return self._un("step")
-
-    def relu(self) -> "Sym":
-        return self._un("relu")
+    # exp, expm1, log, sin, cos, sqrt, rsqrt, abs, sign, step, relu: one method per operation of
+    # lazykern.compiler.ops that declares one, defined below the class from that table.
 
     def square(self) -> "Sym":
         return self * self
@@ -464,6 +402,21 @@ class Sym:
         return self._wrap(self.graph.concat([self.node, self._operand(o)]))
 
     cat = concatenate = concat
+
+
+def _method(name: str, op: str, doc: str | None) -> Callable[[Sym], Sym]:
+    """``Sym.<name>()``: the unary operation ``op`` of the placeholder."""
+
+    def method(self: Sym) -> Sym:
+        return self._wrap(self.graph.unary(op, self.node))
+
+    method.__name__, method.__qualname__, method.__doc__ = name, f"Sym.{name}", doc
+    return method
+
+
+for _op in OPS.values():
+    if _op.method is not None:
+        setattr(Sym, _op.method, _method(_op.method, _op.name, type(_op).__doc__))
 
 
 def trace(

@@ -40,23 +40,30 @@ Example:
 
 from __future__ import annotations
 
-from ..compiler.plan import Reduction, compact
-from ..compiler.trace import BINARY, Node, Unsupported, reachable
+from ..compiler.ops import OPS, lookup
+from ..compiler.plan import Reduction, analyze, compact
+from ..compiler.trace import Node
 
 __all__ = ["Reduction", "compact", "generate", "TILES"]
 
 #: Inner points per tile, by C type (measured on AVX2: 32 doubles were slower, 128 floats no faster).
 TILES = {"float": 64, "double": 64}
 
-_FUNCS = {
-    "float": {"exp": "expf", "expm1": "expm1f", "log": "logf", "sin": "sinf", "cos": "cosf", "sqrt": "sqrtf",
-              "abs": "fabsf", "pow": "powf"},
-    "double": {"exp": "exp", "expm1": "expm1", "log": "log", "sin": "sin", "cos": "cos", "sqrt": "sqrt",
-               "abs": "fabs", "pow": "pow"},
+#: C code of each elementwise operation of :mod:`lazykern.compiler.ops`: ``{0}``, ``{1}`` the
+#: arguments, ``{f}`` the suffix of the math library's function for the type (``expf``, ``exp``),
+#: ``{p}`` the constant exponent of ``pow``.
+CODE = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "neg": "(-{0})",
+    "exp": "exp{f}({0})", "expm1": "expm1{f}({0})", "log": "log{f}({0})", "sin": "sin{f}({0})",
+    "cos": "cos{f}({0})", "sqrt": "sqrt{f}({0})", "abs": "fabs{f}({0})", "rsqrt": "((T)1 / sqrt{f}({0}))",
+    "pow": "pow{f}({0}, {p})",
+    "sign": "({0} > (T)0 ? (T)1 : ({0} < (T)0 ? (T)(-1) : (T)0))", "step": "({0} < (T)0 ? (T)0 : (T)1)",
+    "relu": "({0} > (T)0 ? {0} : (T)0)",
 }
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
-#: Operations that are loops over the feature axis (see ``lazykern.compiler.trace``), not elementwise.
-RECURRENCES = ("esym", "esym_vjp")
+#: The suffix of the C math library's functions, by type.
+_SUFFIX = {"float": "f", "double": ""}
+#: Operations that are loops over the feature axis (see :mod:`lazykern.compiler.ops`), not elementwise.
+RECURRENCES = tuple(name for name, op in OPS.items() if op.kind == "recurrence")
 
 
 def generate(red: Reduction, name: str = "lk_reduce") -> str:
@@ -73,48 +80,23 @@ class _Writer:
         self.red, self.name = red, name
         self.nodes = red.nodes
         self.tile = TILES[red.dtype]
-        self.funcs = _FUNCS[red.dtype]
-        self.role: dict[str, tuple[str, int]] = {}
-        for k, n in enumerate(red.outer):
-            self.role[n] = ("outer", k)
-        for k, n in enumerate(red.inner):
-            self.role[n] = ("inner", k)
-        for k, n in enumerate(red.params):
-            self.role[n] = ("param", k)
-        for k, w in enumerate(red.weights):
-            self.role[w[0]] = ("weight", k)
-        outputs = list(red.sums) + ([red.matmul[0]] if red.matmul else []) + ([red.store] if red.store is not None else [])
-        self.needed = set(reachable(self.nodes, outputs))
-        self.row = self._classify()
+        self.suffix = _SUFFIX[red.dtype]
+        self.layout = analyze(red)
+        self.role, self.needed, self.row = self.layout.role, self.layout.needed, self.layout.row
         # Per-thread scratch (elements, in units of TILE lanes) of the pair recurrences that keep states.
         self.scratch: dict[int, str] = {}
         total = 0
-        for z in sorted(self.needed):
+        for z in self.needed:
             if self.nodes[z].op == "esym_vjp" and not self.row[z]:
                 self.scratch[z] = f"{total} * TILE"
                 total += _scratch_rows(self.nodes, z)
         self.scratch_size = f"{total} * TILE" if total else "0"
         self.consumers: dict[int, list[int]] = {}
-        for z in sorted(self.needed):
+        for z in self.needed:
             for a in self.nodes[z].args:
                 self.consumers.setdefault(a, []).append(z)
 
     # ------------------------------------------------------------------ analysis
-    def _classify(self) -> dict[int, bool]:
-        """True for nodes that depend on the row only (outer inputs, parameters, constants)."""
-        row: dict[int, bool] = {}
-        for z in sorted(self.needed):
-            node = self.nodes[z]
-            if node.op == "in":
-                if node.attr not in self.role:
-                    raise Unsupported(f"leaf {node.attr!r} has no buffer")
-                row[z] = self.role[node.attr][0] in ("outer", "param")
-            elif node.op == "const":
-                row[z] = True
-            else:
-                row[z] = all(row[a] for a in node.args)
-        return row
-
     def _materialized(self) -> set[int]:
         """Pair nodes kept in tile arrays: sums, concatenations, width-1 values that broadcast into
         wider ones, and the value a matmul or dense store reads."""
@@ -209,7 +191,8 @@ class _Writer:
             # CPU LAPACK about 10x slower on the dense matrix (see lazykern.backend.pairwise_dense).
             tiny = "FLT_MIN" if red.dtype == "float" else "DBL_MIN"
             t("_Pragma(\"omp simd\")")
-            t(f"for (int64_t t = 0; t < (tn); ++t) dense[(j0) + t] = {self.funcs['abs']}(m{red.store}[t]) < {tiny} ? (T)0 : m{red.store}[t];")
+            entry = f"m{red.store}[t]"
+            t(f"for (int64_t t = 0; t < (tn); ++t) dense[(j0) + t] = {self._apply('abs', [entry])} < {tiny} ? (T)0 : {entry};")
         width = max(len(line) for line in body) + 2
         head.append("#define LK_TILE(j0, tn) do { \\")
         head.extend("  " + line.ljust(width) + "\\" for line in body)
@@ -237,7 +220,7 @@ class _Writer:
         w("      const int64_t b = r / n, i = r - b * n;")
         for k, nm in enumerate(red.outer):
             q = ptr_of["outer:" + nm]
-            w(f"      const T* const __restrict__ o{k} = B{q} + b * bstride[{q}] + i * {self._leaf_width(nm)};")
+            w(f"      const T* const __restrict__ o{k} = B{q} + b * bstride[{q}] + i * {self.layout.leaf_width(nm)};")
         for k, nm in enumerate(red.params):
             q = ptr_of["param:" + nm]
             w(f"      const T* const __restrict__ p{k} = B{q} + b * bstride[{q}];")
@@ -253,7 +236,7 @@ class _Writer:
             w(f"      T* const __restrict__ dense = B{q} + b * bstride[{q}] + i * m;")
         w(f"      memset(acc, 0, sizeof(T) * ({acc_size} + {mm_size}));")
         # Row prologue: everything that depends on the row only, once per row.
-        for z in sorted(self.needed):
+        for z in self.needed:
             if self.row[z] and self.nodes[z].op not in ("in", "const"):
                 lines.extend("      " + s for s in self._row_node(z))
         w("      int64_t j0 = 0;")
@@ -282,12 +265,6 @@ class _Writer:
         w("  }")
         w("}")
         return "\n".join(lines) + "\n"
-
-    def _leaf_width(self, name: str) -> int:
-        for node in self.nodes:
-            if node.op == "in" and node.attr == name:
-                return node.width
-        return 1  # bound but unused by the expression: any row stride works, nothing is read
 
     # ------------------------------------------------------------------ row nodes
     def _row_ref(self, z: int, idx: str) -> str:
@@ -321,7 +298,7 @@ class _Writer:
             out.extend(_recurrence_code(self.nodes, z, self._row_ref, f"r{z}", "1", "1", None))
         else:
             args = [self._row_ref(a, "k") for a in node.args]
-            out.append(f"for (int64_t k = 0; k < {node.width}; ++k) r{z}[k] = {self._apply(node, args)};")
+            out.append(f"for (int64_t k = 0; k < {node.width}; ++k) r{z}[k] = {self._apply(node.op, args, node.attr)};")
         return out
 
     # ------------------------------------------------------------------ pair nodes
@@ -458,7 +435,7 @@ class _Writer:
             raise AssertionError(f"{node.op} node {z} must be materialized")
         args = [self._pair(a, idx, mat, memo, body) for a in node.args]
         var = f"v{len(memo)}"
-        body.append(f"const T {var} = {self._apply(node, args)};")
+        body.append(f"const T {var} = {self._apply(node.op, args, node.attr)};")
         memo[key] = var
         return var
 
@@ -478,26 +455,10 @@ class _Writer:
     def _const(self, value: float) -> str:
         return f"(T)({value!r})"
 
-    def _apply(self, node: Node, args: list[str]) -> str:
-        op, f = node.op, self.funcs
-        if op in BINARY:
-            return f"({args[0]} {_INFIX[op]} {args[1]})"
-        a = args[0]
-        if op == "neg":
-            return f"(-{a})"
-        if op in ("exp", "expm1", "log", "sin", "cos", "sqrt", "abs"):
-            return f"{f[op]}({a})"
-        if op == "rsqrt":
-            return f"((T)1 / {f['sqrt']}({a}))"
-        if op == "pow":
-            return f"{f['pow']}({a}, {self._const(node.attr)})"
-        if op == "sign":
-            return f"({a} > (T)0 ? (T)1 : ({a} < (T)0 ? (T)(-1) : (T)0))"
-        if op == "step":
-            return f"({a} < (T)0 ? (T)0 : (T)1)"
-        if op == "relu":
-            return f"({a} > (T)0 ? {a} : (T)0)"
-        raise Unsupported(f"operation {op!r}")
+    def _apply(self, op: str, args: list[str], attr: object = None) -> str:
+        """The C expression of elementwise ``op`` (its ``attr``: the exponent of ``pow``) on ``args``."""
+        code = lookup(CODE, op, "lazykern.cpu.codegen.CODE")
+        return code.format(*args, f=self.suffix, p=self._const(attr) if op == "pow" else None)
 
 
 def _scratch_rows(nodes: tuple[Node, ...], z: int) -> int:
@@ -513,10 +474,12 @@ def _recurrence_code(nodes, z, operand, out: str, stride: str, lanes: str, scrat
     row ``k`` of the result is ``out + k * stride``; ``scratch`` points to
     :func:`_scratch_rows` rows of ``stride``.
 
-    ``esym`` is the summation recurrence of :func:`lazykern.formulas.keops_nodes._forward_code`
-    (after input j, state r holds e_r(z_1..z_j) / binom(j, r)), in the same order of operations,
-    computed in the result rows; ``esym_vjp`` is the reverse mode of the KeOps gradient node
-    (forward states kept, then the adjoint runs backwards over the inputs)."""
+    ``esym`` is the summation recurrence of
+    :func:`lazykern.formulas.interactions.elementary_symmetric_reference` (after input j, state r
+    holds e_r(z_1..z_j) / binom(j, r)) in the order of operations of KeOps' node
+    (:mod:`lazykern.formulas.keops_nodes`), computed in the result rows; ``esym_vjp`` is its reverse
+    mode (forward states kept, then the adjoint runs backwards over the inputs). Both are tested
+    against the specification in ``tests/test_elementary_symmetric.py``."""
     node = nodes[z]
     r_max = node.attr
     zarg = node.args[0]

@@ -116,8 +116,9 @@ def elementary_symmetric(z: Any, max_degree: int) -> Any:
 
     On KeOps ``LazyTensor`` inputs the recurrence is one formula node
     (:mod:`lazykern.formulas.keops_nodes`), on torch tensors a loop over the last axis; both with
-    the same hand-written reverse mode (first derivatives only); lazykern's CPU engine
-    (:mod:`lazykern.cpu`) generates the KeOps node's loops, in the same order of operations.
+    the same hand-written reverse mode (first derivatives only); lazykern's compiler generates the
+    KeOps node's loops, in the same order of operations. All of them are tested against one
+    specification, ``lazykern.formulas.interactions.elementary_symmetric_reference``.
 
     Args:
         z: ``(..., D)`` tensor or KeOps ``LazyTensor`` with D-vectors.
@@ -144,8 +145,35 @@ def elementary_symmetric(z: Any, max_degree: int) -> Any:
     return _ElementarySymmetric.apply(z, max_degree)
 
 
-def _recurrence(z: torch.Tensor, max_degree: int) -> torch.Tensor:
-    """The recurrence out of place, for autograd to differentiate (to any order)."""
+def elementary_symmetric_reference(z: torch.Tensor, max_degree: int) -> torch.Tensor:
+    r"""The specification of the summation recurrence of :func:`elementary_symmetric`, on torch
+    tensors: one input at a time, all orders at once, out of place, as the formula reads,
+
+    .. math::
+
+        \tilde e^{(j)}_r = \Big(1 - \frac rj\Big) \tilde e^{(j-1)}_r + \frac rj\, z_j\, \tilde e^{(j-1)}_{r-1},
+        \qquad \tilde e^{(0)} = (1, 0, \dots, 0).
+
+    Every other implementation is tested against it and its autograd derivative
+    (``tests/test_elementary_symmetric.py``, float64): the in-place torch version below with its
+    hand-written reverse mode, KeOps' node (:mod:`lazykern.formulas.keops_nodes`), the loops the C
+    target generates (:mod:`lazykern.cpu.codegen`) and the unrolled blocks of the Triton target
+    (:mod:`lazykern.triton.codegen`). The compiled ones compute ``(j - r) * e_r + r * z_j * e_{r-1}``
+    times ``1 / j``, the same convex combination in another order of operations: they agree with it
+    to rounding. A backward pass that must itself be differentiable (``create_graph=True``)
+    differentiates this function.
+
+    Args:
+        z: ``(..., D)`` tensor.
+        max_degree: R, the highest order (1 <= R <= D).
+
+    Returns:
+        ``(..., R)``: :math:`\tilde e_1, \dots, \tilde e_R`, differentiable by autograd to any order.
+
+    Example:
+        >>> elementary_symmetric_reference(torch.tensor([1.0, 2.0, 3.0]), 2)  # (1+2+3)/3, (2+3+6)/3
+        tensor([2.0000, 3.6667])
+    """
     d = z.shape[-1]
     steps = torch.arange(1, max_degree + 1, dtype=z.dtype, device=z.device)
     state = torch.cat([torch.ones_like(z[..., :1]), z.new_zeros(*z.shape[:-1], max_degree)], dim=-1)
@@ -160,7 +188,8 @@ class _ElementarySymmetric(torch.autograd.Function):
     """The recurrence on torch tensors, in place, with the reverse mode of the KeOps node: about
     twice as fast as autograd through the loop and with a fifth of its memory (one saved state per
     input instead of the intermediates of every operation). A backward pass that must itself be
-    differentiable (``create_graph=True``) differentiates :func:`_recurrence` instead."""
+    differentiable (``create_graph=True``) differentiates :func:`elementary_symmetric_reference`
+    instead."""
 
     @staticmethod
     def forward(ctx, z: torch.Tensor, max_degree: int) -> torch.Tensor:  # noqa: D102 - autograd protocol
@@ -186,7 +215,7 @@ class _ElementarySymmetric(torch.autograd.Function):
         flat, history, z = ctx.saved_tensors
         d, max_degree = flat.shape[-1], history.shape[-1] - 1
         if torch.is_grad_enabled():
-            (grad_z,) = torch.autograd.grad(_recurrence(z, max_degree), z, grad, create_graph=True)
+            (grad_z,) = torch.autograd.grad(elementary_symmetric_reference(z, max_degree), z, grad, create_graph=True)
             return grad_z, None
         steps = torch.arange(max_degree + 1, dtype=flat.dtype, device=flat.device)
         adjoint = flat.new_zeros(flat.shape[0], max_degree + 1)

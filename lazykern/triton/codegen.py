@@ -17,8 +17,9 @@ of ``BLOCK_M``; every pair expression is one ``[BLOCK_N, BLOCK_M]`` block of reg
   the last row or point are masked to zero before anything is summed or stored;
 * the recurrence nodes (``esym``: normalized elementary symmetric polynomials, ``esym_vjp``: their
   vector-Jacobian product) are unrolled as well: the summation recurrence of
-  :func:`lazykern.cpu.codegen._recurrence_code`, its states kept as blocks, the reverse mode over the
-  inputs backwards. The source grows as :math:`D R`, which suits the small orders of interaction
+  :func:`lazykern.formulas.interactions.elementary_symmetric_reference` in the C target's order of
+  operations, its states kept as blocks, the reverse mode over the inputs backwards (tested against
+  the specification in ``tests/test_elementary_symmetric.py``). The source grows as :math:`D R`, which suits the small orders of interaction
   kernels.
 
 Nothing of the size of the problem is compiled in (``N``, ``M``, ``C`` and the batch are runtime
@@ -39,21 +40,50 @@ Example:
 
 from __future__ import annotations
 
-from ..compiler.plan import Reduction
-from ..compiler.trace import BINARY, Node, Unsupported, reachable
+from ..compiler.ops import OPS, lookup
+from ..compiler.plan import Reduction, analyze
+from ..compiler.trace import Node
 
 __all__ = ["generate"]
 
 #: The smallest normal number of each type: dense entries below it are stored as zeros (see
 #: :func:`lazykern.backend.pairwise_dense`).
 _TINY = {"float": "1.1754943508222875e-38", "double": "2.2250738585072014e-308"}
-#: Triton code of each elementwise operation (``{p}``: the constant exponent of ``pow``; ``expm1``
-#: is written out by :func:`_expm1`).
-_CODE = {
+
+
+def _expm1(var: str, args: list[str], attr: object) -> list[str]:
+    r"""Statements setting ``var`` to :math:`e^x - 1`, accurate near 0 from ``exp`` and ``log`` alone
+    (Kahan: the rounding error of :math:`u = e^x` cancels in :math:`(u - 1) x / \log u`); Triton has
+    no ``expm1`` on every backend. Inline, not a helper kernel: the interpreter patches the language
+    at every call of one."""
+    (x,) = args
+    return [
+        f"{var}_u = tl.exp({x})",
+        f"{var}_n = (tl.abs({x}) < 1.0) & ({var}_u != 1.0)",
+        f"{var}_w = tl.where({var}_n, {var}_u, 2.0)  # (where the quotient is not used: no 0 / 0, no inf / inf)",
+        f"{var} = tl.where({var}_u == 1.0, {x},"
+        f" tl.where({var}_n, ({var}_w - 1.0) * {x} / tl.log({var}_w), {var}_u - 1.0))",
+    ]
+
+
+def _pow(var: str, args: list[str], attr: object) -> list[str]:
+    r"""``var = a ** p``: :math:`e^{p \log a}`, nan below 0 as C's ``pow`` for a non-integer ``p``;
+    for an integer ``p`` (the tracer multiplies out only 2 to 16) C's ``pow`` is defined below 0:
+    :math:`|a|^p`, negated for an odd ``p``."""
+    (a,) = args
+    if not float(attr).is_integer():
+        return [f"{var} = tl.exp({attr!r} * tl.log({a}))"]
+    magnitude = f"tl.exp({attr!r} * tl.log(tl.abs({a})))"
+    return [f"{var} = " + (magnitude if int(attr) % 2 == 0 else f"tl.where({a} < 0, -{magnitude}, {magnitude})")]
+
+
+#: Triton code of each elementwise operation of :mod:`lazykern.compiler.ops`: an expression
+#: (``{0}``, ``{1}`` the arguments), or a function ``(var, args, attr)`` giving the statements
+#: that set ``var``.
+CODE = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "neg": "(-{0})",
-    "exp": "tl.exp({0})", "log": "tl.log({0})", "sin": "tl.sin({0})", "cos": "tl.cos({0})", "sqrt": "tl.sqrt({0})",
-    "abs": "tl.abs({0})", "rsqrt": "(1.0 / tl.sqrt({0}))",
-    "pow": "tl.exp({p} * tl.log({0}))",  # pow(a, p) = e^(p log a): nan below 0, as C's pow (non-integer p)
+    "exp": "tl.exp({0})", "expm1": _expm1, "log": "tl.log({0})", "sin": "tl.sin({0})", "cos": "tl.cos({0})",
+    "sqrt": "tl.sqrt({0})", "abs": "tl.abs({0})", "rsqrt": "(1.0 / tl.sqrt({0}))", "pow": _pow,
     "sign": "(({0} > 0).to(DT) - ({0} < 0).to(DT))", "step": "(1.0 - ({0} < 0).to(DT))",
     "relu": "tl.where({0} > 0, {0}, 0.0)",
 }
@@ -68,56 +98,19 @@ def generate(red: Reduction, name: str = "lk_reduce") -> str:
     return _Writer(red, name).source()
 
 
-def _expm1(var: str, x: str) -> list[str]:
-    r"""Statements setting ``var`` to :math:`e^x - 1`, accurate near 0 from ``exp`` and ``log`` alone
-    (Kahan: the rounding error of :math:`u = e^x` cancels in :math:`(u - 1) x / \log u`); Triton has
-    no ``expm1`` on every backend. Inline, not a helper kernel: the interpreter patches the language
-    at every call of one."""
-    return [
-        f"{var}_u = tl.exp({x})",
-        f"{var}_n = (tl.abs({x}) < 1.0) & ({var}_u != 1.0)",
-        f"{var}_w = tl.where({var}_n, {var}_u, 2.0)  # (where the quotient is not used: no 0 / 0, no inf / inf)",
-        f"{var} = tl.where({var}_u == 1.0, {x},"
-        f" tl.where({var}_n, ({var}_w - 1.0) * {x} / tl.log({var}_w), {var}_u - 1.0))",
-    ]
-
-
 class _Writer:
     def __init__(self, red: Reduction, name: str) -> None:
         self.red, self.name, self.nodes = red, name, red.nodes
-        self.role: dict[str, tuple[str, int]] = {}
-        for kind, names in (("outer", red.outer), ("inner", red.inner), ("param", red.params)):
-            for k, n in enumerate(names):
-                self.role[n] = (kind, k)
-        for k, w in enumerate(red.weights):
-            self.role[w[0]] = ("weight", k)
+        self.layout = analyze(red)
+        self.role, self.row = self.layout.role, self.layout.row
         self.ptr = {role: k for k, role in enumerate(red.operands())}
-        outputs = [*red.sums, *([red.matmul[0]] if red.matmul else []), *([red.store] if red.store is not None else [])]
-        self.needed = reachable(red.nodes, outputs)
-        self.row = self._classify()
         self.pro: list[str] = []  # once per program: the row's values
         self.body: list[str] = []  # once per tile of inner points
         self.memo: dict[tuple[int, int], str] = {}
 
-    def _classify(self) -> dict[int, bool]:
-        """True for nodes that depend on the row only (outer inputs, parameters, constants)."""
-        row: dict[int, bool] = {}
-        for z in self.needed:
-            node = self.nodes[z]
-            if node.op == "in":
-                if node.attr not in self.role:
-                    raise Unsupported(f"leaf {node.attr!r} has no buffer")
-                row[z] = self.role[node.attr][0] in ("outer", "param")
-            else:
-                row[z] = node.op == "const" or all(row[a] for a in node.args)
-        return row
-
     def _buf(self, role: str) -> str:
         q = self.ptr[role]
         return f"B{q} + b * S{q}"
-
-    def _leaf_width(self, name: str) -> int:
-        return next((n.width for n in self.nodes if n.op == "in" and n.attr == name), 1)
 
     # ------------------------------------------------------------------ expressions
     def ref(self, z: int, k: int) -> str:
@@ -148,7 +141,7 @@ class _Writer:
         if op == "in":
             kind, idx = self.role[node.attr]
             if kind == "outer":
-                width = self._leaf_width(node.attr)
+                width = self.layout.leaf_width(node.attr)
                 out.append(f"{var} = tl.load({self._buf('outer:' + node.attr)} + rows2 * {width} + {k},"
                            " mask=rmask2, other=0.0)")
             elif kind == "inner":
@@ -161,29 +154,22 @@ class _Writer:
         elif op == "sum":
             a = node.args[0]
             out.append(f"{var} = " + " + ".join(self.ref(a, j) for j in range(self.nodes[a].width)))
-        elif op in ("esym", "esym_vjp"):
+        elif lookup(OPS, op).kind == "recurrence":
             for j, expr in enumerate(self._recurrence(z, out)):
                 self.memo[(z, j)] = expr
             return self.memo[key]
-        elif op == "expm1":
-            out.extend(_expm1(var, self.ref(node.args[0], k)))
         else:
             args = [self.ref(a, k) for a in node.args]
-            if op not in BINARY and self.nodes[node.args[0]].op == "const":  # a function of a literal
+            if len(args) == 1 and self.nodes[node.args[0]].op == "const":  # a function of a literal
                 args = [f"tl.full([1, 1], {args[0]}, DT)"]
-            out.append(f"{var} = {self._apply(node, args)}")
+            out.extend(self._apply(node, var, args))
         self.memo[key] = var
         return var
 
-    def _apply(self, node: Node, args: list[str]) -> str:
-        if node.op not in _CODE:
-            raise Unsupported(f"operation {node.op!r}")
-        if node.op == "pow" and float(node.attr).is_integer():
-            # C's pow is defined below 0 for an integer exponent (the tracer multiplies out only 2 to 16):
-            # |a|^p, negated for an odd p
-            magnitude = f"tl.exp({node.attr!r} * tl.log(tl.abs({args[0]})))"
-            return magnitude if int(node.attr) % 2 == 0 else f"tl.where({args[0]} < 0, -{magnitude}, {magnitude})"
-        return _CODE[node.op].format(*args, p=repr(node.attr))
+    def _apply(self, node: Node, var: str, args: list[str]) -> list[str]:
+        """The statements setting ``var`` to elementwise ``node`` of ``args``."""
+        code = lookup(CODE, node.op, "lazykern.triton.codegen.CODE")
+        return code(var, args, node.attr) if callable(code) else [f"{var} = {code.format(*args)}"]
 
     def _weight(self, idx: int, var: str) -> list[str]:
         """A pair weight: entry (i, j) of a dense array, or the dot product of two column arrays."""
