@@ -45,18 +45,35 @@ __all__ = ["gauss_plan", "gauss_sums"]
 _CRAMER = 1.0865
 #: Box widths tried by :func:`gauss_plan` (in lengthscales): wider boxes need more terms, narrower
 #: ones put more boxes within reach of each target.
-_WIDTHS = (0.5, 1.0, 1.5, 2.0, 3.0)
+_WIDTHS = (0.5, 1.0, 2.0)
+#: Points per box assumed when weighing a box's cost (p^2 per box pair) against a point's (p).
+_POINTS_PER_BOX = 64
+
+
+def _truncation_bound(p: int, h: float) -> float:
+    """The largest truncation error of the expansions for ``p`` terms in boxes of width ``h``, per
+    unit of :math:`|v_j|`, for the values and the derivatives (see the module docstring)."""
+
+    def log_term(n: int, m: int) -> float:  # log of K (h/2)^(n+m) sqrt((n+m)!) / (n! m!)
+        return (math.log(_CRAMER) + (n + m) * math.log(h / 2) + 0.5 * math.lgamma(n + m + 1)
+                - math.lgamma(n + 1) - math.lgamma(m + 1))
+
+    outside = [(n, k) for n in range(p + 60) for k in range(p + 60) if n >= p or k >= p]
+    value = sum(math.exp(log_term(n, k)) for n, k in outside)
+    slope = sum(2 * k / h * math.exp(log_term(n, k)) for n, k in outside)
+    direct = sum(_CRAMER * (h / 2) ** n * math.sqrt((n + 1) / math.factorial(n)) for n in range(p, p + 60))
+    return max(value, slope, direct)
 
 
 @functools.lru_cache(maxsize=None)
 def gauss_plan(tol: float) -> tuple[int, float, float]:
     """``(p, h, reach)``: terms, box width and the reach ``R + h/2`` of the box centres a target
     sums, for the error bound ``tol`` (per unit of :math:`\\sum_j |v_j|`), the cheapest of
-    :data:`_WIDTHS` by terms times boxes within reach.
+    :data:`_WIDTHS`.
 
     Example:
         >>> p, h, reach = gauss_plan(1e-10)
-        >>> 10 <= p <= 40 and reach > 7
+        >>> 8 <= p <= 40 and reach > 7
         True
     """
     if not 0.0 < tol < 1.0:
@@ -66,15 +83,12 @@ def gauss_plan(tol: float) -> tuple[int, float, float]:
         cutoff += 0.01
     best = None
     for h in _WIDTHS:
-        p, tail = 0, float("inf")
-        while tail > tol / 2:
+        p = 1
+        while _truncation_bound(p, h) > tol / 2:
             p += 1
-            # the tail from p on; its terms fall faster than geometrically past the first
-            tail = _CRAMER * sum((h / 2) ** n * math.sqrt((n + 1) / math.factorial(n)) for n in range(p, p + 60))
-        reach = cutoff + h / 2
-        cost = p * (2 * reach / h + 1)
+        cost = p + p * p * (2 * (cutoff + h) / h + 1) / _POINTS_PER_BOX
         if best is None or cost < best[0]:
-            best = (cost, p, h, reach)
+            best = (cost, p, h, cutoff + h / 2)
     return best[1], best[2], best[3]
 
 
@@ -84,75 +98,146 @@ _SOURCE = r"""
 #include <stdlib.h>
 #include <string.h>
 
-/* One dimension: sources in ascending order are grouped in boxes of width h; each target sums the
-   boxes whose centres lie within reach, directly (at most p sources) or by p Hermite terms. Entry
-   ord[k] < m is source ord[k], else target ord[k] - m; with m < 0 every entry is both. */
+#define RS2 0.70710678118654752440 /* 1 / sqrt(2) */
+
+/* Hermite functions h_0(t) .. h_{count-1}(t) by their recurrence h_{k+1} = 2t h_k - 2k h_{k-1}. */
+static void hermite(double t, int64_t count, double *h) {
+    h[0] = exp(-t * t);
+    if (count > 1) h[1] = 2.0 * t * h[0];
+    for (int64_t k = 1; k + 1 < count; ++k) h[k + 1] = 2.0 * t * h[k] - 2.0 * (double)k * h[k - 1];
+}
+
+/* Boxes of width h over sorted values z[0..count), on the grid of origin o: start[q] (start[nb] =
+   count) and centre[q]; returns nb. */
+static int64_t boxes(const double *z, int64_t count, double o, double h, int64_t *start, double *centre) {
+    int64_t nb = 0;
+    double current = -1.0;
+    for (int64_t s = 0; s < count; ++s) {
+        double id = floor((z[s] - o) / h);
+        if (nb == 0 || id != current) { start[nb] = s; centre[nb] = o + (id + 0.5) * h; current = id; ++nb; }
+    }
+    start[nb] = count;
+    return nb;
+}
+
+/* One dimension. Sources and targets in ascending order are grouped in boxes of width h. A source
+   box with more than p sources is summed through its p Hermite moments A_n, a smaller one source by
+   source. A target box with more than p targets gathers, from every source box within reach, the p
+   Taylor coefficients L_m of the sum about its centre and evaluates them at each target; a smaller
+   one sums the source boxes within reach at each target. Entry ord[k] < m is source ord[k], else
+   target ord[k] - m; with m < 0 every entry is both. */
 static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const int64_t *ord,
                       const double *key, int64_t m, const double *v, int64_t C, double *a, double *b) {
-    const double rs2 = 0.70710678118654752440; /* 1 / sqrt(2) */
     const int both = m < 0;
-    int64_t *src = malloc(sizeof(int64_t) * n_tot);
-    double *zs = malloc(sizeof(double) * n_tot);
-    int64_t ms = 0;
-    for (int64_t k = 0; k < n_tot; ++k)
-        if (both || ord[k] < m) { src[ms] = ord[k]; zs[ms] = key[k]; ++ms; }
-    if (ms == 0) { free(zs); free(src); return; }
-    int64_t *start = malloc(sizeof(int64_t) * (ms + 1)), *moment = malloc(sizeof(int64_t) * ms);
-    double *centre = malloc(sizeof(double) * ms);
-    int64_t nb = 0, dense = 0;
-    double z0 = zs[0], current = -1.0;
-    for (int64_t s = 0; s < ms; ++s) {
-        double id = floor((zs[s] - z0) / h);
-        if (nb == 0 || id != current) { start[nb] = s; centre[nb] = z0 + (id + 0.5) * h; current = id; ++nb; }
+    int64_t *src = malloc(sizeof(int64_t) * 2 * n_tot), *tgt = src + n_tot;
+    double *zs = malloc(sizeof(double) * 2 * n_tot), *xs = zs + n_tot;
+    int64_t ms = 0, ns = 0;
+    for (int64_t k = 0; k < n_tot; ++k) {
+        if (both || ord[k] < m) { src[ms] = ord[k]; zs[ms++] = key[k]; }
+        if (both || ord[k] >= m) { tgt[ns] = both ? ord[k] : ord[k] - m; xs[ns++] = key[k]; }
     }
-    start[nb] = ms;
-    for (int64_t q = 0; q < nb; ++q) moment[q] = start[q + 1] - start[q] > p ? dense++ : -1;
+    for (int64_t i = 0; i < ns; ++i) {
+        memset(a + tgt[i] * C, 0, sizeof(double) * C);
+        if (b) memset(b + tgt[i] * C, 0, sizeof(double) * C);
+    }
+    if (ms == 0 || ns == 0) { free(zs); free(src); return; }
+    const double o = key[0];
+    int64_t *sstart = malloc(sizeof(int64_t) * (ms + 1)), *tstart = malloc(sizeof(int64_t) * (ns + 1));
+    double *scentre = malloc(sizeof(double) * ms), *tcentre = malloc(sizeof(double) * ns);
+    int64_t *moment = malloc(sizeof(int64_t) * ms);
+    const int64_t nsb = boxes(zs, ms, o, h, sstart, scentre), ntb = boxes(xs, ns, o, h, tstart, tcentre);
+    int64_t dense = 0;
+    for (int64_t q = 0; q < nsb; ++q) moment[q] = sstart[q + 1] - sstart[q] > p ? dense++ : -1;
     double *mom = calloc((size_t)(dense > 0 ? dense : 1) * p * C, sizeof(double));
-    for (int64_t q = 0; q < nb; ++q) {
+    for (int64_t q = 0; q < nsb; ++q) {   /* A_n = sum_z beta^n / n! v_z, beta = (z - s) / sqrt 2 */
         if (moment[q] < 0) continue;
         double *mq = mom + moment[q] * p * C;
-        for (int64_t s = start[q]; s < start[q + 1]; ++s) {
-            double beta = (zs[s] - centre[q]) * rs2, t = 1.0;
+        for (int64_t s = sstart[q]; s < sstart[q + 1]; ++s) {
+            double beta = (zs[s] - scentre[q]) * RS2, t = 1.0;
             const double *vs = v + src[s] * C;
-            for (int64_t k = 0; k < p; ++k) {
-                for (int64_t c = 0; c < C; ++c) mq[k * C + c] += t * vs[c];
-                t *= beta / (double)(k + 1);
+            for (int64_t n = 0; n < p; ++n) {
+                for (int64_t c = 0; c < C; ++c) mq[n * C + c] += t * vs[c];
+                t *= beta / (double)(n + 1);
             }
         }
     }
-    double *hh = malloc(sizeof(double) * (p + 1));
-    int64_t lo = 0, hi = 0;
-    for (int64_t k = 0; k < n_tot; ++k) {
-        if (!both && ord[k] < m) continue;
-        int64_t i = both ? ord[k] : ord[k] - m;
-        double x = key[k];
-        double *ai = a + i * C, *bi = b ? b + i * C : NULL;
-        while (lo < nb && centre[lo] < x - reach) ++lo;
-        while (hi < nb && centre[hi] <= x + reach) ++hi;
-        for (int64_t q = lo; q < hi; ++q) {
-            if (moment[q] < 0) {
-                for (int64_t s = start[q]; s < start[q + 1]; ++s) {
-                    double t = x - zs[s], e = exp(-0.5 * t * t);
-                    const double *vs = v + src[s] * C;
-                    for (int64_t c = 0; c < C; ++c) ai[c] += e * vs[c];
-                    if (bi) for (int64_t c = 0; c < C; ++c) bi[c] -= t * e * vs[c];
+    double *hh = malloc(sizeof(double) * 2 * p), *L = malloc(sizeof(double) * p * C);
+    double *sign_fact = malloc(sizeof(double) * p);   /* (-1)^m / m! */
+    sign_fact[0] = 1.0;
+    for (int64_t k = 1; k < p; ++k) sign_fact[k] = -sign_fact[k - 1] / (double)k;
+    int64_t lo = 0, hi = 0;   /* source boxes within reach of the current target box (dense) */
+    int64_t plo = 0, phi = 0; /* ... and of the current target (sparse boxes) */
+    for (int64_t q = 0; q < ntb; ++q) {
+        const double t = tcentre[q];
+        if (tstart[q + 1] - tstart[q] > p) {
+            while (lo < nsb && scentre[lo] < t - reach - h / 2) ++lo;
+            if (hi < lo) hi = lo;
+            while (hi < nsb && scentre[hi] <= t + reach + h / 2) ++hi;
+            memset(L, 0, sizeof(double) * p * C);
+            for (int64_t r = lo; r < hi; ++r) {
+                if (moment[r] >= 0) {   /* L_m += (-1)^m / m! sum_n A_n h_{n+m}((t - s) / sqrt 2) */
+                    hermite((t - scentre[r]) * RS2, 2 * p, hh);
+                    const double *mr = mom + moment[r] * p * C;
+                    for (int64_t mm = 0; mm < p; ++mm)
+                        for (int64_t n = 0; n < p; ++n) {
+                            const double f = sign_fact[mm] * hh[n + mm];
+                            for (int64_t c = 0; c < C; ++c) L[mm * C + c] += f * mr[n * C + c];
+                        }
+                } else {                /* L_m += (-1)^m / m! h_m((t - z) / sqrt 2) v_z */
+                    for (int64_t s = sstart[r]; s < sstart[r + 1]; ++s) {
+                        hermite((t - zs[s]) * RS2, p, hh);
+                        const double *vs = v + src[s] * C;
+                        for (int64_t mm = 0; mm < p; ++mm) {
+                            const double f = sign_fact[mm] * hh[mm];
+                            for (int64_t c = 0; c < C; ++c) L[mm * C + c] += f * vs[c];
+                        }
+                    }
                 }
-                continue;
             }
-            double alpha = (x - centre[q]) * rs2;
-            hh[0] = exp(-alpha * alpha);
-            if (p >= 1) hh[1] = 2.0 * alpha * hh[0];
-            for (int64_t k2 = 1; k2 < p; ++k2) hh[k2 + 1] = 2.0 * alpha * hh[k2] - 2.0 * (double)k2 * hh[k2 - 1];
-            const double *mq = mom + moment[q] * p * C;
-            for (int64_t c = 0; c < C; ++c) {
-                double acc = 0.0, accb = 0.0;
-                for (int64_t k2 = 0; k2 < p; ++k2) { acc += mq[k2 * C + c] * hh[k2]; accb += mq[k2 * C + c] * hh[k2 + 1]; }
-                ai[c] += acc;
-                if (bi) bi[c] -= accb * rs2;
+            for (int64_t i = tstart[q]; i < tstart[q + 1]; ++i) {   /* Horner in y = (x - t) / sqrt 2 */
+                const double y = (xs[i] - t) * RS2;
+                double *ai = a + tgt[i] * C, *bi = b ? b + tgt[i] * C : NULL;
+                for (int64_t c = 0; c < C; ++c) {
+                    double value = L[(p - 1) * C + c], slope = 0.0;
+                    for (int64_t mm = p - 2; mm >= 0; --mm) {
+                        slope = slope * y + value;
+                        value = value * y + L[mm * C + c];
+                    }
+                    ai[c] = value;
+                    if (bi) bi[c] = slope * RS2;
+                }
+            }
+            continue;
+        }
+        for (int64_t i = tstart[q]; i < tstart[q + 1]; ++i) {
+            const double x = xs[i];
+            double *ai = a + tgt[i] * C, *bi = b ? b + tgt[i] * C : NULL;
+            while (plo < nsb && scentre[plo] < x - reach) ++plo;
+            if (phi < plo) phi = plo;
+            while (phi < nsb && scentre[phi] <= x + reach) ++phi;
+            for (int64_t r = plo; r < phi; ++r) {
+                if (moment[r] < 0) {
+                    for (int64_t s = sstart[r]; s < sstart[r + 1]; ++s) {
+                        const double d = x - zs[s], e = exp(-0.5 * d * d);
+                        const double *vs = v + src[s] * C;
+                        for (int64_t c = 0; c < C; ++c) ai[c] += e * vs[c];
+                        if (bi) for (int64_t c = 0; c < C; ++c) bi[c] -= d * e * vs[c];
+                    }
+                    continue;
+                }
+                hermite((x - scentre[r]) * RS2, p + 1, hh);
+                const double *mr = mom + moment[r] * p * C;
+                for (int64_t c = 0; c < C; ++c) {
+                    double value = 0.0, slope = 0.0;
+                    for (int64_t n = 0; n < p; ++n) { value += mr[n * C + c] * hh[n]; slope += mr[n * C + c] * hh[n + 1]; }
+                    ai[c] += value;
+                    if (bi) bi[c] -= slope * RS2;
+                }
             }
         }
     }
-    free(hh); free(mom); free(centre); free(moment); free(start); free(zs); free(src);
+    free(sign_fact); free(L); free(hh); free(mom); free(moment);
+    free(tcentre); free(scentre); free(tstart); free(sstart); free(zs); free(src);
 }
 
 void lk_gauss_sums(int64_t p, double h, double reach, int64_t D, int64_t n, int64_t m, const int64_t *ord,

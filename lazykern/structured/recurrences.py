@@ -70,84 +70,123 @@ _SOURCE = r"""
 #include <stdlib.h>
 #include <string.h>
 
-/* One walk of one dimension. k runs over the merged order, ascending when step = +1, descending
-   when step = -1. Entry ord[k] < m is source ord[k], else target ord[k] - m; with m < 0 (one set,
-   K(X, X)) every entry is both, added before it is read when ascending and after when descending,
-   so that each coincident pair is counted once. S holds the moments S_q[c] at q * C + c; tie the
-   sources of the current group of equal values (for the derivative at t = 0, nu = 1/2 only). */
+/* One walk over a block of W columns in sorted order: vs[k] the values of entry k (zero for a
+   target), src[k] / tgt[k] whether entry k is a source / a target, gap[k] and decay[k] the scaled
+   distance c |key[k] - key[k-1]| and its exp(-gap) (shared by both walks and every block).
+   Ascending (step = +1) the outputs are written, descending they are added. An entry that is both
+   (one set, K(X, X)) adds its value before it reads the moments when ascending and after when
+   descending, so that each coincident pair is counted once; across two sets the merged order puts
+   sources first among equal values, which gives the same count. tie: the values of the current
+   group of equal keys that the walk has added, subtracted from the derivative, whose value at
+   t = 0 is 0 (only nu = 1/2 needs it). */
 static inline __attribute__((always_inline)) void walk(
-        const int p, double c, int64_t n_tot, const int64_t *ord, const double *key, int64_t m,
-        const double *v, int64_t C, const double *pc, const double *dc, int step,
-        double *a, double *b, double *S, double *tie) {
-    double w[3];
-    double group = NAN;
-    const int both = m < 0;
-    const int strict = b && dc[0] != 0.0 && (step > 0 || both);
-    memset(S, 0, sizeof(double) * (p + 1) * C);
-    memset(tie, 0, sizeof(double) * C);
+        const int p, const int W, double c, int64_t n_tot, const double *restrict gap,
+        const double *restrict decay, const unsigned char *restrict src, const unsigned char *restrict tgt,
+        const double *restrict vs, const double *pc, const double *dc, const int step,
+        double *restrict as, double *restrict bs) {
+    double S0[16] = {0}, S1[16] = {0}, S2[16] = {0}, tie[16] = {0};
+    const double pc0 = pc[0], pc1 = p > 0 ? pc[1] : 0.0, pc2 = p > 1 ? pc[2] : 0.0;
+    const double dc0 = dc[0], dc1 = p > 0 ? dc[1] : 0.0, dc2 = p > 1 ? dc[2] : 0.0;
+    const int strict = bs && dc0 != 0.0;
+    const double sc = step * c;
     int64_t k = step > 0 ? 0 : n_tot - 1;
-    double last = key[k];
     for (int64_t s = 0; s < n_tot; ++s, k += step) {
-        double x = key[k];
-        double delta = c * fabs(x - last);
-        last = x;
-        if (delta > 0.0) {
-            w[0] = exp(-delta);
-            for (int q = 1; q <= p; ++q) w[q] = w[q - 1] * delta / q;
-            for (int q = p; q >= 0; --q) {        /* in place: S_q reads S_r, r <= q, still old */
-                double *Sq = S + q * C;
-                for (int64_t j = 0; j < C; ++j) {
-                    double acc = w[0] * Sq[j];
-                    for (int r = 0; r < q; ++r) acc += w[q - r] * S[r * C + j];
-                    Sq[j] = acc;
+        const int64_t hop = step > 0 ? k : k + 1;   /* the gap crossed to reach entry k */
+        if (s > 0 && gap[hop] > 0.0) {
+            const double delta = gap[hop], w0 = decay[hop], w1 = w0 * delta, w2 = w1 * delta * 0.5;
+            /* S_q <- sum_{r <= q} w_{q-r} S_r, highest q first so each reads the old S_r */
+            for (int j = 0; j < W; ++j) {
+                if (p == 2) S2[j] = w0 * S2[j] + w1 * S1[j] + w2 * S0[j];
+                if (p >= 1) S1[j] = w0 * S1[j] + w1 * S0[j];
+                S0[j] *= w0;
+                tie[j] = 0.0;
+            }
+        }
+        const double *restrict vk = vs + k * W;
+        const int add_first = step > 0 || !src[k] || !tgt[k];
+        if (src[k] && add_first)
+            for (int j = 0; j < W; ++j) { S0[j] += vk[j]; tie[j] += vk[j]; }
+        if (tgt[k]) {
+            double *restrict ak = as + k * W;
+            for (int j = 0; j < W; ++j) {
+                double value = pc0 * S0[j];
+                if (p > 0) value += pc1 * S1[j];
+                if (p > 1) value += pc2 * S2[j];
+                ak[j] = step > 0 ? value : ak[j] + value;
+            }
+            if (bs) {
+                double *restrict bk = bs + k * W;
+                for (int j = 0; j < W; ++j) {
+                    double value = dc0 * (strict ? S0[j] - tie[j] : S0[j]);
+                    if (p > 0) value += dc1 * S1[j];
+                    if (p > 1) value += dc2 * S2[j];
+                    bk[j] = step > 0 ? sc * value : bk[j] + sc * value;
                 }
             }
         }
-        if (strict && x != group) {
-            group = x;
-            memset(tie, 0, sizeof(double) * C);
-        }
-        int64_t e = ord[k];
-        int64_t source = both ? e : (e < m ? e : -1), target = both ? e : (e < m ? -1 : e - m);
-        for (int pass = 0; pass < 2; ++pass) {
-            if (source >= 0 && pass == (both && step < 0)) {
-                const double *ve = v + source * C;
-                for (int64_t j = 0; j < C; ++j) S[j] += ve[j];
-                if (strict) for (int64_t j = 0; j < C; ++j) tie[j] += ve[j];
-            }
-            if (target >= 0 && pass == !(both && step < 0)) {
-                double *ai = a + target * C;
-                for (int64_t j = 0; j < C; ++j) {
-                    double acc = 0.0;
-                    for (int q = 0; q <= p; ++q) acc += pc[q] * S[q * C + j];
-                    ai[j] += acc;
-                }
-                if (b) {
-                    double *bi = b + target * C;
-                    for (int64_t j = 0; j < C; ++j) {
-                        double acc = 0.0;
-                        for (int q = 0; q <= p; ++q) acc += dc[q] * S[q * C + j];
-                        if (strict) acc -= dc[0] * tie[j];
-                        bi[j] += step * c * acc;
-                    }
-                }
-            }
-        }
+        if (src[k] && !add_first)
+            for (int j = 0; j < W; ++j) { S0[j] += vk[j]; tie[j] += vk[j]; }
     }
 }
 
-static void walks(const int p, double c, int64_t n_tot, const int64_t *ord, const double *key, int64_t m,
-                  const double *v, int64_t C, const double *pc, const double *dc, double *a, double *b) {
-    double *S = malloc(sizeof(double) * ((p + 1) * C + C));
-    walk(p, c, n_tot, ord, key, m, v, C, pc, dc, +1, a, b, S, S + (p + 1) * C);
-    walk(p, c, n_tot, ord, key, m, v, C, pc, dc, -1, a, b, S, S + (p + 1) * C);
-    free(S);
+/* One block of W columns starting at j0: gather its values into sorted order, walk up and down,
+   scatter the outputs back. */
+static inline __attribute__((always_inline)) void block(
+        const int p, const int W, double c, int64_t n_tot, const int64_t *ord, int64_t m, const double *gap,
+        const double *decay, const unsigned char *src, const unsigned char *tgt, const double *v, int64_t C,
+        int64_t j0, const double *pc, const double *dc, double *vs, double *as, double *bs, double *a, double *b) {
+    const int both = m < 0;
+    const int w = C - j0 < W ? (int)(C - j0) : W;
+    for (int64_t k = 0; k < n_tot; ++k) {
+        double *vk = vs + k * W;
+        const double *row = v + ord[k] * C + j0;
+        for (int j = 0; j < W; ++j) vk[j] = src[k] && j < w ? row[j] : 0.0;
+    }
+    walk(p, W, c, n_tot, gap, decay, src, tgt, vs, pc, dc, +1, as, bs);
+    walk(p, W, c, n_tot, gap, decay, src, tgt, vs, pc, dc, -1, as, bs);
+    for (int64_t k = 0; k < n_tot; ++k) {
+        if (!tgt[k]) continue;
+        const int64_t i = both ? ord[k] : ord[k] - m;
+        for (int j = 0; j < w; ++j) a[i * C + j0 + j] = as[k * W + j];
+        if (b) for (int j = 0; j < w; ++j) b[i * C + j0 + j] = bs[k * W + j];
+    }
+}
+
+/* One dimension, all columns: the gaps and decays once, then blocks of 16, 8, 4, 2 or 1 columns
+   (constant widths, so the column loops unroll and vectorize). */
+static void dimension(const int p, double c, int64_t n_tot, const int64_t *ord, const double *key, int64_t m,
+                      const double *v, int64_t C, const double *pc, const double *dc, double *a, double *b) {
+    const int both = m < 0;
+    unsigned char *src = malloc(2 * n_tot), *tgt = src + n_tot;
+    double *gap = malloc(sizeof(double) * 2 * n_tot), *decay = gap + n_tot;
+    double *vs = malloc(sizeof(double) * 16 * n_tot * (b ? 3 : 2));
+    double *as = vs + 16 * n_tot, *bs = b ? as + 16 * n_tot : NULL;
+    for (int64_t k = 0; k < n_tot; ++k) {
+        src[k] = both || ord[k] < m;
+        tgt[k] = both || ord[k] >= m;
+        gap[k] = k > 0 ? c * fabs(key[k] - key[k - 1]) : 0.0;
+        decay[k] = exp(-gap[k]);
+    }
+    for (int64_t j0 = 0; j0 < C;) {
+        const int64_t left = C - j0;
+        const int W = left >= 16 ? 16 : left > 4 ? 8 : left > 2 ? 4 : left;
+        switch (W) {
+            case 16: block(p, 16, c, n_tot, ord, m, gap, decay, src, tgt, v, C, j0, pc, dc, vs, as, bs, a, b); break;
+            case 8: block(p, 8, c, n_tot, ord, m, gap, decay, src, tgt, v, C, j0, pc, dc, vs, as, bs, a, b); break;
+            case 4: block(p, 4, c, n_tot, ord, m, gap, decay, src, tgt, v, C, j0, pc, dc, vs, as, bs, a, b); break;
+            case 2: block(p, 2, c, n_tot, ord, m, gap, decay, src, tgt, v, C, j0, pc, dc, vs, as, bs, a, b); break;
+            default: block(p, 1, c, n_tot, ord, m, gap, decay, src, tgt, v, C, j0, pc, dc, vs, as, bs, a, b); break;
+        }
+        j0 += W;
+    }
+    free(vs);
+    free(gap);
+    free(src);
 }
 
 /* For each of D dimensions d: a[d, i, :] = sum_j k(x_i - z_j) v[j, :] and, when b is not NULL,
    b[d, i, :] = sum_j k'(x_i - z_j) v[j, :], from the merged order ord[d, :] of the m sources and
-   n targets (or of the n points of one set, m < 0) and their sorted values key[d, :]. a and b
-   must be zeroed. */
+   n targets (or of the n points of one set, m < 0) and their sorted values key[d, :]. */
 void lk_matern_sums(int64_t p, double c, int64_t D, int64_t n, int64_t m, const int64_t *ord,
                     const double *key, const double *v, int64_t C, const double *pc, const double *dc,
                     double *a, double *b) {
@@ -158,9 +197,9 @@ void lk_matern_sums(int64_t p, double c, int64_t D, int64_t n, int64_t m, const 
         const double *kd = key + d * n_tot;
         double *ad = a + d * n * C, *bd = b ? b + d * n * C : NULL;
         switch (p) {  /* a constant p for each: the loops over q unroll */
-            case 0: walks(0, c, n_tot, od, kd, m, v, C, pc, dc, ad, bd); break;
-            case 1: walks(1, c, n_tot, od, kd, m, v, C, pc, dc, ad, bd); break;
-            default: walks(2, c, n_tot, od, kd, m, v, C, pc, dc, ad, bd); break;
+            case 0: dimension(0, c, n_tot, od, kd, m, v, C, pc, dc, ad, bd); break;
+            case 1: dimension(1, c, n_tot, od, kd, m, v, C, pc, dc, ad, bd); break;
+            default: dimension(2, c, n_tot, od, kd, m, v, C, pc, dc, ad, bd); break;
         }
     }
 }
@@ -203,8 +242,8 @@ def matern_sums(
     v = values.detach().to(torch.float64).contiguous()
     order, key = order.contiguous(), key.detach().to(torch.float64).contiguous()
     coefficients = torch.tensor([pc, dc], dtype=torch.float64)
-    a = torch.zeros(dims, n, cols, dtype=torch.float64)
-    b = torch.zeros_like(a) if derivative else None
+    a = torch.empty(dims, n, cols, dtype=torch.float64)  # every entry is written
+    b = torch.empty_like(a) if derivative else None
     fn = load_source(_SOURCE, "lk_matern_sums", _ARGTYPES)
     fn(len(pc) - 1, c, dims, n, num_sources, order.data_ptr(), key.data_ptr(), v.data_ptr(), cols,
        coefficients[0].data_ptr(), coefficients[1].data_ptr(), a.data_ptr(), 0 if b is None else b.data_ptr())
