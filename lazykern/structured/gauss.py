@@ -2,26 +2,31 @@ r"""Products with one-dimensional Gaussian kernels by a fast Gauss transform, in
 
 :math:`a_i = \sum_j e^{-(x_i - z_j)^2/2}\, v_j` (inputs divided by the lengthscale) and its
 derivative sums :math:`b_i = \sum_j k'(x_i - z_j)\, v_j`, :math:`k'(t) = -t\,e^{-t^2/2}`, in
-:math:`O((N + M)\,p)` per dimension and column (Greengard & Strain 1991, in one dimension, without
-the translation to local expansions: a target sums a few boxes' expansions directly).
+:math:`O((N + M)\,p)` per dimension and column (Greengard & Strain 1991, in one dimension).
 
-The sources are grouped in boxes of width :math:`h` with centres :math:`s`. With Hermite
-functions :math:`h_n(t) = (-1)^n \frac{d^n}{dt^n} e^{-t^2}`, the generating function of the
-Hermite polynomials gives, for :math:`\alpha = (x - s)/\sqrt2` and :math:`\beta = (z - s)/\sqrt2`,
+Sources and targets are grouped in boxes of width :math:`h` on one grid. With the Hermite
+functions :math:`h_n(t) = (-1)^n \frac{d^n}{dt^n} e^{-t^2}`, a source box of centre :math:`s` and a
+target box of centre :math:`t`, :math:`\beta = (z - s)/\sqrt2`, :math:`y = (x - t)/\sqrt2` and
+:math:`c = (t - s)/\sqrt2`, Taylor's theorem gives
 
 .. math::
 
-    e^{-(x - z)^2/2} = \sum_{n \ge 0} h_n(\alpha)\, \frac{\beta^n}{n!}, \qquad
-    a_i = \sum_{\text{boxes}} \sum_{n < p} h_n(\alpha_i)\, A_n, \quad
-    A_n = \sum_{z_j \in \text{box}} \frac{\beta_j^n}{n!}\, v_j,
+    e^{-(x - z)^2/2} = \sum_{n, m \ge 0} \frac{(-1)^m}{m!\, n!}\, h_{n+m}(c)\, \beta^n y^m .
 
-and :math:`\partial_x h_n(\alpha) = -h_{n+1}(\alpha)/\sqrt2` for the derivative. A box with at most
-:math:`p` sources is summed directly instead (exactly). Error, for every target: Cramér's
-inequality :math:`|h_n(t)| \le K\, 2^{n/2} \sqrt{n!}\, e^{-t^2/2}` (:math:`K < 1.0865`) bounds the
-truncated series by :math:`K \sum_{n \ge p} (h/2)^n \sqrt{(n + 1)/n!}` per unit of :math:`|v_j|`
-(the :math:`\sqrt{n+1}` covers the derivative), and boxes whose centres are more than
-:math:`R + h/2` from the target are skipped, each of their terms below :math:`R\,e^{-R^2/2}`.
-:func:`gauss_plan` picks :math:`p` and :math:`R` so that each part is at most ``tol / 2``:
+A source box keeps its Hermite moments :math:`A_n = \sum_j \beta_j^n v_j / n!`, :math:`n < p`; a
+target box gathers :math:`L_m = \frac{(-1)^m}{m!} \sum_{\text{boxes}} \sum_{n < p} A_n\, h_{n+m}(c)`,
+:math:`m < p`, from the source boxes within reach and evaluates :math:`\sum_m L_m y^m` (and its
+derivative) at each of its targets by Horner's rule. Boxes with at most :math:`p` points are summed
+point by point instead: a small source box enters :math:`L_m` through :math:`h_m((t - z)/\sqrt2)`
+for each of its sources, a small target box sums each source box at each target (directly, or
+through :math:`\sum_n A_n h_n((x - s)/\sqrt2)`).
+
+Error, for every target: Cramér's inequality :math:`|h_n(t)| \le K\, 2^{n/2} \sqrt{n!}\,
+e^{-t^2/2}` (:math:`K < 1.0865`) bounds each dropped term of the double series by
+:math:`K (h/2)^{n+m} \sqrt{(n+m)!} / (n!\, m!)` per unit of :math:`|v_j|` (:math:`2m/h` times that
+for the derivative), and boxes beyond reach hold only sources more than :math:`R` from the target,
+each of whose terms is below :math:`R\,e^{-R^2/2}`. :func:`gauss_plan` picks :math:`p`, :math:`h`
+and :math:`R` so that each part is at most ``tol / 2``:
 
 .. math::
 
