@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from .validation import check_non_negative_int, check_positive_int
 
-__all__ = ["engine", "keops_min_size", "chunk_bytes", "max_dense_bytes"]
+__all__ = ["engine", "keops_min_size", "chunk_bytes", "max_dense_bytes", "structured_tolerance"]
 
 
 class _Setting:
@@ -93,6 +93,43 @@ class engine(_Setting):
         if value not in cls._choices:
             raise ValueError(f"lazykern.settings.engine expects one of {cls._choices}, got {value!r}")
         return value
+
+
+class structured_tolerance(_Setting):
+    """The structured engine's error bound for Gaussian (RBF) terms, whose one-dimensional sums
+    are a fast Gauss transform (:mod:`lazykern.structured.gauss`): each per-dimension sum is within
+    ``tol`` times :math:`\\sum_j |v_j|` of the exact one. ``None`` (default): 1e-10 in float64 and
+    float32's rounding (:math:`2^{-23}`) in float32. Half-integer Matérn terms are exact whatever
+    this says.
+
+    Example:
+        >>> import torch
+        >>> structured_tolerance.for_dtype(torch.float64), structured_tolerance.for_dtype(torch.float32)
+        (1e-10, 1.1920928955078125e-07)
+        >>> with structured_tolerance(1e-6):
+        ...     structured_tolerance.for_dtype(torch.float64)
+        1e-06
+    """
+
+    _default = None
+
+    @classmethod
+    def _validate(cls, value: Any) -> float | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < 1.0:
+            raise ValueError(f"lazykern.settings.structured_tolerance expects a number in (0, 1) or None, got {value!r}")
+        return float(value)
+
+    @classmethod
+    def for_dtype(cls, dtype: Any) -> float:
+        """The bound in force for sums in ``dtype``."""
+        value = cls.value()
+        if value is not None:
+            return value
+        import torch
+
+        return 1e-10 if dtype == torch.float64 else float(torch.finfo(torch.float32).eps)
 
 
 class keops_min_size(_Setting):

@@ -32,7 +32,7 @@ from torch import Tensor
 from .gauss import gauss_sums
 from .recurrences import matern_sums
 
-__all__ = ["SUMS", "additive_matmul", "merged_order", "num_sources"]
+__all__ = ["SUMS", "gradients", "merged_order", "num_sources", "product"]
 
 #: family -> per-dimension sums ``(order, key, num_sources, values, derivative, parameter)``, the
 #: parameter being Matérn's nu or the Gaussian's error bound.
@@ -89,55 +89,65 @@ def num_sources(targets: Tensor, sources: Tensor) -> int:
     return -1 if targets is sources else sources.shape[0]
 
 
-class _Additive(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, family: str, parameter: float, x1: Tensor, x2: Tensor, v: Tensor, scales: Tensor) -> Tensor:
-        key, order = merged_order(x1, x2)
-        a, b = SUMS[family](order, key, num_sources(x1, x2), v, ctx.needs_input_grad[2], parameter)
-        ctx.family, ctx.parameter = family, parameter
-        ctx.save_for_backward(x1, x2, v, scales, a, b if b is not None else torch.empty(0))
-        return torch.einsum("d,dnc->nc", scales.to(torch.float64), a).to(v.dtype)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        x1, x2, v, scales, a, b = ctx.saved_tensors
-        need_x1, need_x2, need_v, need_scales = ctx.needs_input_grad[2:]
-        s, g = scales.to(torch.float64), grad.to(torch.float64)
-        dx1 = dx2 = dv = ds = None
-        if need_scales:
-            ds = torch.einsum("nc,dnc->d", g, a).to(scales.dtype)
-        if need_x1:
-            dx1 = (s[:, None] * torch.einsum("nc,dnc->dn", g, b)).T.to(x1.dtype)
-        if need_x2 or need_v:
-            key, order = merged_order(x2, x1)
-            at, bt = SUMS[ctx.family](order, key, num_sources(x2, x1), g, need_x2, ctx.parameter)
-            if need_v:
-                dv = torch.einsum("d,dmc->mc", s, at).to(v.dtype)
-            if need_x2:
-                dx2 = (s[:, None] * torch.einsum("mc,dmc->dm", v.to(torch.float64), bt)).T.to(x2.dtype)
-        return None, None, dx1, dx2, dv, ds
-
-
-def additive_matmul(family: str, parameter: float, x1: Tensor, x2: Tensor, v: Tensor, scales: Tensor) -> Tensor:
-    r""":math:`\sum_d s_d K_d(x_{1,d}, x_{2,d})\, V` for one batch element.
+def product(family: str, parameter: float, x1: Tensor, x2: Tensor, v: Tensor, scales: Tensor,
+            derivative: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    r""":math:`\sum_d s_d K_d(x_{1,d}, x_{2,d})\, V` for one batch element, in float64, with the
+    per-dimension sums the gradients need.
 
     Args:
         family: ``"matern"`` or ``"rbf"``.
         parameter: Matérn's nu (0.5, 1.5 or 2.5), or the Gaussian's error bound per unit of
             :math:`\sum_j |v_j|` (:func:`lazykern.structured.gauss.gauss_plan`).
-        x1: ``(N, D)`` rows, divided by the lengthscales.
+        x1: ``(N, D)`` rows, divided by the lengthscales; ``x1 is x2`` for ``K(X, X)``.
         x2: ``(M, D)`` columns, divided by the lengthscales.
         v: ``(M, C)`` right-hand side.
         scales: ``(D,)`` per-dimension scales.
+        derivative: also form :math:`K'_d V`, which the gradient for ``x1`` needs.
 
     Returns:
-        ``(N, C)`` in ``v``'s dtype (computed in float64), differentiable in every tensor argument.
+        The ``(N, C)`` product and the ``(D, N, C)`` sums :math:`K_d V` and :math:`K'_d V`
+        (``None`` without ``derivative``).
 
     Example:
         >>> x, v = torch.randn(50, 3, dtype=torch.float64), torch.randn(50, 2, dtype=torch.float64)
         >>> r = (x[:, None, :] - x[None, :, :]).abs()
         >>> dense = ((1 + 3**0.5 * r) * torch.exp(-3**0.5 * r)).sum(-1)
-        >>> torch.allclose(additive_matmul("matern", 1.5, x, x, v, torch.ones(3)), dense @ v, rtol=1e-12)
+        >>> out, _, _ = product("matern", 1.5, x, x, v, torch.ones(3), derivative=False)
+        >>> torch.allclose(out, dense @ v, rtol=1e-12)
         True
     """
-    return _Additive.apply(family, parameter, x1, x2, v, scales)
+    key, order = merged_order(x1, x2)
+    a, b = SUMS[family](order, key, num_sources(x1, x2), v, derivative, parameter)
+    return torch.einsum("d,dnc->nc", scales.detach().to(torch.float64), a), a, b
+
+
+def gradients(family: str, parameter: float, x1: Tensor, x2: Tensor, v: Tensor, scales: Tensor, grad: Tensor,
+              a: Tensor, b: Tensor | None, wanted: tuple[bool, bool, bool, bool]) -> list[Tensor | None]:
+    r"""The float64 gradients of :math:`\langle G, \sum_d s_d K_d V \rangle` for ``x1``, ``x2``,
+    ``v`` and ``scales`` where ``wanted`` (else ``None``), from :func:`product`'s sums ``a`` and
+    ``b`` (``b`` required when the gradient for ``x1`` is wanted) and one more pass with the sets'
+    roles exchanged (for ``x2`` and ``v``). With ``x1 is x2`` the gradient for the one set is
+    returned as ``x1``'s and ``x2``'s is ``None``."""
+    want_x1, want_x2, want_v, want_scales = wanted
+    if x1 is x2:
+        want_x1, want_x2 = want_x1 or want_x2, False
+    s, g = scales.detach().to(torch.float64), grad.detach().to(torch.float64)
+    gx1 = gx2 = gv = gs = None
+    if want_scales:
+        gs = torch.einsum("nc,dnc->d", g, a)
+    if want_x1 and x1 is x2:
+        # One walk for both sides: the values [V, G] give K'V and K'G at once.
+        key, order = merged_order(x1, x1)
+        _, both = SUMS[family](order, key, -1, torch.cat([v.detach().to(torch.float64), g], -1), True, parameter)
+        kv, kg = both.split(v.shape[-1], dim=-1)
+        gx1 = (s[:, None] * (torch.einsum("nc,dnc->dn", g, kv) + torch.einsum("nc,dnc->dn", v.detach().double(), kg))).T
+    elif want_x1:
+        gx1 = (s[:, None] * torch.einsum("nc,dnc->dn", g, b)).T
+    if want_x2 or want_v:
+        key, order = merged_order(x2, x1)
+        at, bt = SUMS[family](order, key, num_sources(x2, x1), g, want_x2, parameter)
+        if want_v:
+            gv = torch.einsum("d,dmc->mc", s, at)
+        if want_x2:
+            gx2 = (s[:, None] * torch.einsum("mc,dmc->dm", v.detach().to(torch.float64), bt)).T
+    return [gx1, gx2, gv, gs]
