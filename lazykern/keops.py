@@ -72,7 +72,7 @@ from typing import Any, Iterator
 
 from torch import Tensor
 
-from .cpu.build import cpu_model
+from .cache_paths import KEOPS_CACHE_ENV, cpu_model
 
 __all__ = [
     "FAST_FLAGS",
@@ -93,7 +93,7 @@ PATCHED_VERSIONS = ("2.3",)
 FAST_FLAGS = "-march=native -fno-math-errno -fno-trapping-math -D__FAST_MATH__ -include math.h"
 
 FLAGS_ENV = "LAZYKERN_KEOPS_FLAGS"
-CACHE_ENV = "LAZYKERN_KEOPS_CACHE"
+CACHE_ENV = KEOPS_CACHE_ENV  # named with the other engines' folders, in lazykern.cache_paths
 
 # Key added to a KeOps reduction's optional flags; its value is the reduction's extra compile flags.
 _MARK = "lazykern_cpp_flags"

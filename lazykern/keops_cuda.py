@@ -53,12 +53,13 @@ import threading
 from importlib import metadata
 from typing import Any, Mapping, Sequence
 
+from .cache_paths import keops_cache
+
 __all__ = [
     "Health",
     "NO_CACHE_OPTIONS",
     "WheelCuda",
     "build_shim",
-    "cache_base",
     "configure",
     "find_wheel_cuda",
     "health",
@@ -262,24 +263,6 @@ def build_shim(cuda: WheelCuda, folder: str, libcuda: str | None = None) -> str:
     return folder
 
 
-def cache_base() -> str:
-    """lazykern's KeOps cache folder, read without importing keopscore (whose import detects CUDA):
-    ``LAZYKERN_KEOPS_CACHE``, else ``<KEOPS_CACHE_FOLDER or ~/.cache/keops<version>>/lazykern``, the
-    folder :func:`lazykern.keops.build_folder` builds under.
-
-    Example:
-        >>> os.path.isabs(cache_base())
-        True
-    """
-    from .keops import CACHE_ENV
-
-    base = os.environ.get(CACHE_ENV)
-    if not base:
-        keops = os.environ.get("KEOPS_CACHE_FOLDER") or os.path.join("~", ".cache", f"keops{_version('keopscore')}")
-        base = os.path.join(keops, "lazykern")
-    return os.path.expanduser(base)
-
-
 def _version(package: str) -> str:
     try:
         return metadata.version(package)
@@ -355,7 +338,7 @@ def _configure() -> str | None:
     if cuda is None:
         return None
     digest = hashlib.sha256(repr(dataclasses.astuple(cuda)).encode()).hexdigest()[:10]
-    shim = build_shim(cuda, os.path.join(cache_base(), f"cuda-shim-{digest}"), _driver_libcuda())
+    shim = build_shim(cuda, os.path.join(keops_cache(), f"cuda-shim-{digest}"), _driver_libcuda())
     lib = os.path.join(shim, "lib64")
     if not have_headers:
         os.environ["CUDA_PATH"] = shim
@@ -470,7 +453,7 @@ def _select_jit_engine() -> str | None:
     # The compile command carries the GPUs' properties and the CUDA folders: part of the identity.
     identity = source + glc.Gpu_link_compile.get_compile_command(sourcename="SOURCE", dllname="LIBRARY")
     digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
-    folder = os.path.join(cache_base(), config.get_default_build_folder_name(), f"nvrtc-jit-{digest}")
+    folder = os.path.join(keops_cache(), config.get_default_build_folder_name(), f"nvrtc-jit-{digest}")
     library = os.path.join(folder, os.path.basename(glc.jit_compile_dll()))
     os.makedirs(folder, exist_ok=True)
     with FileLock(os.path.join(folder, ".lock")):
@@ -536,7 +519,7 @@ def verdict_path(stack: Mapping[str, str]) -> str:
         'health-'
     """
     identity = json.dumps({**stack, "revision": _PROBE_REVISION}, sort_keys=True)
-    return os.path.join(cache_base(), "gpu-health", f"health-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.json")
+    return os.path.join(keops_cache(), "gpu-health", f"health-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.json")
 
 
 def _probe_command(index: int) -> list[str]:
