@@ -6,7 +6,7 @@ folders are named here so that no engine has to ask another where its files go.
 * ``LAZYKERN_CPU_CACHE``: the CPU engine's compiled libraries (:mod:`lazykern.cpu.build`), default
   ``$XDG_CACHE_HOME/lazykern/cpu-engine``, i.e. ``~/.cache/lazykern/cpu-engine``;
 * ``LAZYKERN_TRITON_CACHE``: the Triton engine's generated kernel sources
-  (:mod:`lazykern.triton.build`), default ``$XDG_CACHE_HOME/lazykern/triton-engine``;
+  (``lazykern.triton.build``), default ``$XDG_CACHE_HOME/lazykern/triton-engine``;
 * ``LAZYKERN_KEOPS_CACHE``: lazykern's KeOps reductions, its CUDA shim, NVRTC engine and GPU health
   verdicts (:mod:`lazykern.keops`), default ``<KeOps cache folder>/lazykern``, i.e.
   ``~/.cache/keops2.3/lazykern`` (beside KeOps' own builds, which it also names by its version).

@@ -39,7 +39,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, NoReturn, Sequence, TextIO
 
-from . import __version__, keops_messages
+from . import __version__
+from .keops import messages as keops_messages
 from .data.checksums import SHA256
 from .data.layout import FILES, NUM_SPLITS, default_cache_dir, training_points
 from .kernel_names import (
