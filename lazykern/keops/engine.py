@@ -83,10 +83,6 @@ class _KeOpsMatmul(torch.autograd.Function):
         return (None, None, *(next(grads) if w else None for w in wanted))
 
 
-def _keops_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
-    return _KeOpsMatmul.apply(formula, tuple(params), x1, x2, *params.values(), rhs)
-
-
 class KeOpsEngine(Engine):
     """KeOps' reductions (see the module docstring). Supports any formula whose two sides have at
     least two points (KeOps reads a ``(..., 1, 1, D)`` tensor as a parameter, not as one point, and
