@@ -238,12 +238,13 @@ def child(spec: dict) -> dict:
 def _count_passes(step) -> dict:
     """What one run of ``step`` asks of lazykern's engines: calls and seconds per pairwise pass
     (an untimed extra run: the counting wrappers add a little overhead)."""
-    from lazykern import backend, cpu
+    from lazykern import backend
 
     counts: dict = {}
 
-    def counted(module, name, label):
-        original = getattr(module, name)
+    def counted(owner, name, label):
+        """Wrap ``owner.name`` (a module's function or an engine's method) with a counter."""
+        original = getattr(owner, name)
 
         def wrapper(*args, **kwargs):
             start = time.perf_counter()
@@ -254,21 +255,25 @@ def _count_passes(step) -> dict:
                 entry["calls"] += 1
                 entry["seconds"] = round(entry["seconds"] + time.perf_counter() - start, 4)
 
-        setattr(module, name, wrapper)
-        return module, name, original
+        own = name in vars(owner)  # a module's function; else an engine's method, shadowed on the instance
+        setattr(owner, name, wrapper)
+        return owner, name, original if own else None
 
     patched = [
-        counted(cpu, "matmul", "cpu product (forward + backward)"),
-        counted(cpu, "dense", "cpu dense build"),
-        counted(cpu, "symmetric_gradients", "cpu fused gradient"),
-        counted(backend, "_keops_matmul", "keops product"),
+        counted(backend.CPU, "matmul", "cpu product (forward + backward)"),
+        counted(backend.CPU, "dense", "cpu dense build"),
+        counted(backend.CPU, "symmetric_gradients", "cpu fused gradient"),
+        counted(backend.KEOPS, "matmul", "keops product"),
         counted(backend.torch_engine, "rowwise", "torch row blocks"),
     ]
     try:
         step()
     finally:
-        for module, name, original in patched:
-            setattr(module, name, original)
+        for owner, name, original in patched:
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
     return counts
 
 

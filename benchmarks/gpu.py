@@ -3,7 +3,7 @@
 Parts (each in its own process under a hard time limit, so a crash, a hang or an out-of-memory in
 one leaves the others running; each cell inside a part is guarded too):
 
-* ``probe``: KeOps' health check as lazykern runs it (:func:`lazykern.keops_cuda.health`), the CUDA
+* ``probe``: KeOps' health check as lazykern runs it (:func:`lazykern.keops.health.health`), the CUDA
   shim and NVRTC engine it used, and :func:`lazykern.backend.engine_report`;
 * ``keops_raw``: the same first reduction through plain pykeops, without lazykern's configuration
   (the outcome a KeOps user gets: on an H200 with driver 580, a segfault: docs/gpu.rst);
@@ -145,14 +145,15 @@ def _engine(engine: str | None):
 
 def part_probe(device: Any, tiny: bool) -> None:
     def run() -> dict[str, Any]:
-        from lazykern import backend, keops_cuda
+        from lazykern import backend
+        from lazykern.keops import discovery, health as keops_health, nvrtc
 
         if device.type != "cuda":
             return {"report": backend.engine_report(device)}
-        shim = keops_cuda.configure()
-        health = keops_cuda.health(device)
+        shim = discovery.configure()
+        health = keops_health.health(device)
         return {"keops_ok": health.ok, "cause": health.cause, "stack": dict(health.stack), "cached": health.cached,
-                "cuda_shim": shim, "nvrtc_engine": keops_cuda.select_jit_engine(),
+                "cuda_shim": shim, "nvrtc_engine": nvrtc.select_jit_engine(),
                 "report": backend.engine_report(device)}
 
     _cell("probe", device, {}, run)

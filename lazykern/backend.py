@@ -1,24 +1,32 @@
-"""Which engine evaluates a kernel formula, and how.
+"""The engine chooser: which engine evaluates a kernel formula, picked once per call from one table.
 
-Three engines evaluate the same formula (:mod:`lazykern.formulas`):
+Four engines evaluate the same formula (:mod:`lazykern.formulas`), each one object behind the
+contract of :class:`lazykern.engine.Engine`, listed in :data:`ENGINES`:
 
-* **cpu**: lazykern's own reduction engine (:mod:`lazykern.cpu`): the formula is traced, differentiated
-  and compiled to C that vectorizes across pairs; memory is O((N + M) * D). The default for CPU
-  tensors whenever it can evaluate the formula: it runs the lazy pass at the speed of hand-written C
-  (benchmarks/roofline.py), where KeOps' CPU code reaches 0.4-0.65 of it, and compiles in about a
-  second instead of KeOps' 5-40 s.
-* **KeOps**: the inputs are wrapped as ``LazyTensor`` and the reduction is compiled once per formula;
-  memory is O((N + M) * D), nothing pairwise is ever stored. The engine on GPUs.
+* **cpu** (:mod:`lazykern.cpu`): lazykern's compiler with its C target: the formula is traced,
+  differentiated and compiled to C that vectorizes across pairs; memory is O((N + M) * D). The
+  default for CPU tensors whenever it can evaluate the formula: it runs the lazy pass at the speed
+  of hand-written C (benchmarks/roofline.py), where KeOps' CPU code reaches 0.4-0.65 of it, and
+  compiles in about a second instead of KeOps' 5-40 s.
+* **keops** (:mod:`lazykern.keops.engine`): the inputs are wrapped as ``LazyTensor`` and the
+  reduction is compiled once per formula; memory is O((N + M) * D), nothing pairwise is ever
+  stored. The engine on GPUs where it passes its health check.
+* **triton** (:mod:`lazykern.triton`): the compiler's GPU target, on GPUs where KeOps cannot run.
 * **torch** (:mod:`lazykern.torch_engine`): row blocks of the pairwise expression are evaluated
   densely, at most :class:`lazykern.settings.chunk_bytes` at a time; the backward pass recomputes
   blocks instead of keeping them. Small problems, formulas that multiply matrices (the NTK's, which
-  BLAS does best), and every engine's second and higher derivatives.
+  BLAS does best), and the dense blocks of engines without a dense output.
 
-Parameters arrive with ``(*batch, 1, K)`` shapes (the ``KernelLinearOperator`` convention); this
-module inserts the pairwise axis, and hands them to the engines in name order: compiled programs are
-keyed by the order of their parameters, and callers build them in different orders (linear_operator
-sorts an operator's keyword arguments when it rebuilds it), which would compile one formula twice.
-Formulas return a trailing axis of size 1 per pair (as KeOps does), which the torch engine drops.
+Every engine's second and higher derivatives come from the row blocks they share
+(:mod:`lazykern.row_blocks`). :func:`choose_engine` picks an engine once per call of
+:func:`pairwise_matmul`, :func:`pairwise_dense` and :func:`symmetric_gradients`, and the call
+goes to that engine's method; nothing above this module names an engine.
+
+Parameters arrive with ``(*batch, 1, K)`` shapes (the ``KernelLinearOperator`` convention) and are
+handed to the engines in name order: compiled programs are keyed by the order of their parameters,
+and callers build them in different orders (linear_operator sorts an operator's keyword arguments
+when it rebuilds it), which would compile one formula twice. Formulas return a trailing axis of
+size 1 per pair (as KeOps does), which the torch engine drops.
 """
 
 from __future__ import annotations
@@ -30,14 +38,22 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor
 
-from . import cpu, keops_cuda, settings, torch_engine
+from . import cpu, settings, torch_engine
 from . import triton as triton_engine  # (imports no triton until a kernel runs)
-from .keops import keops_lazy_tensor, keops_session, padded_size
-from .torch_engine import pairwise_params, rows_per_chunk
+from .engine import Engine
+from .keops.engine import ENGINE as KEOPS
+from .row_blocks import row_blocks, rows_per_chunk
 
 Formula = Callable[..., object]
 
+CPU, TRITON, TORCH = cpu.ENGINE, triton_engine.ENGINE, torch_engine.ENGINE
+#: The engines by name (:class:`lazykern.settings.engine`'s values besides ``"auto"``): the one
+#: table :func:`choose_engine` picks from.
+ENGINES: dict[str, Engine] = {engine.name: engine for engine in (CPU, KEOPS, TRITON, TORCH)}
+
 __all__ = [
+    "ENGINES",
+    "choose_engine",
     "elementwise",
     "engine_for",
     "symbolic_engine",
@@ -50,16 +66,16 @@ __all__ = [
 ]
 
 
-def engine_for(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> str:
-    """The engine (``"cpu"``, ``"keops"``, ``"triton"`` or ``"torch"``) that evaluates ``formula`` on
-    these tensors under the current :class:`lazykern.settings.engine`.
+def choose_engine(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Engine:
+    """The engine (from :data:`ENGINES`) that evaluates ``formula`` on these tensors under the
+    current :class:`lazykern.settings.engine`.
 
     ``"auto"``: the torch engine for formulas that declare a ``pair_width`` (matrix products, best
     left to BLAS); else the CPU engine for CPU tensors it supports (:func:`lazykern.cpu.supports`;
     it compiles in about a second and beats the torch engine's row blocks at any size); else, when
     both sides have at least :class:`lazykern.settings.keops_min_size` points (a GPU compile costs
     seconds), KeOps, on a CUDA device only where it passes its health check
-    (:func:`lazykern.keops_cuda.health`) and otherwise the Triton engine where it supports the
+    (:func:`lazykern.keops.health.health`) and otherwise the Triton engine where it supports the
     formula (one warning names KeOps' problem and the engine used); below the threshold, the torch
     engine. Until a measurement on the device says otherwise, a healthy KeOps is preferred to Triton.
     A side with a single point always runs on the torch engine: KeOps reads a ``(..., 1, 1, D)``
@@ -68,26 +84,47 @@ def engine_for(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Te
     A forced ``"keops"`` on a CUDA device where KeOps fails its health check raises one
     ``RuntimeError`` naming the cause (the process would otherwise die in KeOps' compile).
     :func:`engine_report` says which engine a device gets, and why.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.formulas import StationaryFormula
+        >>> x = torch.randn(50, 3, dtype=torch.float64)
+        >>> choose_engine(StationaryFormula("rbf"), x, x, {}) is ENGINES["cpu"]
+        True
     """
     n, m = x1.shape[-2], x2.shape[-2]
     if n < 2 or m < 2:
-        return "torch"
+        return TORCH
     choice = settings.engine.value()
     on_gpu = x1.device.type == "cuda"
-    if choice == "keops" and on_gpu:
-        keops_cuda.require(x1.device)
     if choice != "auto":
-        return choice
+        if choice == KEOPS.name and on_gpu:
+            KEOPS.require(x1.device)
+        return ENGINES[choice]
     if hasattr(formula, "pair_width"):
-        return "torch"
-    if cpu.supports(formula, x1, x2, params):
-        return "cpu"
+        return TORCH
+    if CPU.supports(formula, x1, x2, params):
+        return CPU
     threshold = settings.keops_min_size.value()
     if n < threshold or m < threshold:
-        return "torch"
+        return TORCH
     if not on_gpu:
-        return "keops"
+        return KEOPS
     return _gpu_engine(x1.device, formula, x1, x2, params)
+
+
+def engine_for(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> str:
+    """The name (``"cpu"``, ``"keops"``, ``"triton"`` or ``"torch"``) of the engine
+    :func:`choose_engine` picks for ``formula`` on these tensors.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.formulas import StationaryFormula
+        >>> x = torch.randn(50, 3, dtype=torch.float64)
+        >>> engine_for(StationaryFormula("rbf"), x, x, {})
+        'cpu'
+    """
+    return choose_engine(formula, x1, x2, params).name
 
 
 def symbolic_engine(device: torch.device | str) -> str:
@@ -104,17 +141,17 @@ def symbolic_engine(device: torch.device | str) -> str:
     """
     device = torch.device(device)
     if device.type != "cuda":
-        return "keops"
-    return _gpu_engine(device, None, None, None, {})
+        return KEOPS.name
+    return _gpu_engine(device, None, None, None, {}).name
 
 
 def _gpu_engine(device: torch.device, formula: Formula | None, x1: Tensor | None, x2: Tensor | None,
-                params: Mapping[str, Tensor]) -> str:
-    health = keops_cuda.health(device)
+                params: Mapping[str, Tensor]) -> Engine:
+    health = KEOPS.health(device)
     if health.ok:
-        return "keops"
-    engine = "triton" if _triton_runs(formula, x1, x2, params) else "torch"
-    _warn_once(f"{health.cause}; using the {engine} engine instead")
+        return KEOPS
+    engine = TRITON if _triton_runs(formula, x1, x2, params) else TORCH
+    _warn_once(f"{health.cause}; using the {engine.name} engine instead")
     return engine
 
 
@@ -124,7 +161,7 @@ _warned: set[str] = set()
 def _warn_once(message: str) -> None:
     if message not in _warned:
         _warned.add(message)
-        # _warn_once <- _gpu_engine <- engine_for / symbolic_engine <- their caller <- its caller
+        # _warn_once <- _gpu_engine <- choose_engine / symbolic_engine <- their caller <- its caller
         warnings.warn(message, RuntimeWarning, stacklevel=5)
 
 
@@ -132,14 +169,14 @@ def _triton_runs(formula: Formula | None, x1: Tensor | None, x2: Tensor | None, 
     """Whether lazykern's Triton engine runs here (and takes ``formula``, when one is given)."""
     if not triton_engine.available():  # Triton not installed, or neither a GPU nor its interpreter
         return False
-    return formula is None or triton_engine.supports(formula, x1, x2, params)
+    return formula is None or TRITON.supports(formula, x1, x2, params)
 
 
 def engine_report(device: torch.device | str | None = None) -> str:
     """One line saying which engine kernel reductions on ``device`` get under the current
     :class:`lazykern.settings.engine`, and why (on a GPU: KeOps' health verdict, its cause and the
     stack it was checked on, and whether Triton runs). Runs KeOps' health check on a GPU
-    (:func:`lazykern.keops_cuda.health`: a subprocess the first time a stack is seen).
+    (:func:`lazykern.keops.health.health`: a subprocess the first time a stack is seen).
 
     Args:
         device: a ``torch.device`` or its name; default: the first CUDA device if there is one, else the CPU.
@@ -160,7 +197,7 @@ def engine_report(device: torch.device | str | None = None) -> str:
                 f"{settings.keops_min_size.value()} points")
     if not torch.cuda.is_available():
         return f"{device}: no CUDA device visible to torch"
-    health = keops_cuda.health(device)
+    health = KEOPS.health(device)
     stack = ", ".join(f"{k} {v}" for k, v in health.stack.items())
     keops = (f"KeOps passed its health check ({stack}{'; cached verdict' if health.cached else ''})" if health.ok
              else f"KeOps cannot run: {health.cause} ({stack})")
@@ -177,56 +214,6 @@ def engine_report(device: torch.device | str | None = None) -> str:
 
 def _in_name_order(params: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return dict(sorted(params.items()))
-
-
-def _keops_product(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
-    c = rhs.shape[-1]
-    padded = padded_size(c)
-    if padded != c:
-        rhs = torch.nn.functional.pad(rhs, (0, padded - c))
-    with keops_session():
-        K = formula(
-            keops_lazy_tensor(x1.unsqueeze(-2)),
-            keops_lazy_tensor(x2.unsqueeze(-3)),
-            **{n: keops_lazy_tensor(p) for n, p in pairwise_params(params).items()},
-        )
-        out = K @ rhs.contiguous()
-    return out[..., :c]
-
-
-class _KeOpsMatmul(torch.autograd.Function):
-    """KeOps' product with KeOps' own first derivatives; a backward pass that must be differentiable
-    again (``create_graph=True``) takes the torch engine's (:func:`lazykern.torch_engine.vjp`), since
-    KeOps cannot differentiate the vector-Jacobian product of lazykern's recurrence node.
-
-    The forward reduction runs on leaves that stand for the inputs, and its graph (KeOps keeps only
-    its inputs, nothing pairwise) is kept for the first-order backward, which then runs only KeOps'
-    gradient reductions, as without this wrapper."""
-
-    @staticmethod
-    def forward(ctx, formula, names, x1, x2, *tensors):  # noqa: D102 - autograd protocol
-        wanted = ctx.needs_input_grad[2:]
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_(w) for t, w in zip((x1, x2, *tensors), wanted)]
-            a, b, *values, rhs = leaves
-            out = _keops_product(formula, a, b, dict(zip(names, values)), rhs)
-        ctx.formula, ctx.names, ctx.graph = formula, names, (out, leaves)
-        ctx.save_for_backward(x1, x2, *tensors)
-        return out.detach()
-
-    @staticmethod
-    def backward(ctx, grad_out):  # noqa: D102 - autograd protocol
-        inputs, wanted = ctx.saved_tensors, ctx.needs_input_grad[2:]
-        if torch.is_grad_enabled():
-            return (None, None, *torch_engine.vjp(ctx.formula, ctx.names, inputs, wanted, grad_out))
-        out, leaves = ctx.graph
-        targets = [t for t, w in zip(leaves, wanted) if w]
-        grads = iter(torch.autograd.grad(out, targets, grad_out, retain_graph=True, allow_unused=True))
-        return (None, None, *(next(grads) if w else None for w in wanted))
-
-
-def _keops_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
-    return _KeOpsMatmul.apply(formula, tuple(params), x1, x2, *params.values(), rhs)
 
 
 def fold_columns(vecs: Tensor, batch: torch.Size) -> Tensor | None:
@@ -248,18 +235,11 @@ def symmetric_gradients(
     formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], left: Tensor, right: Tensor
 ) -> tuple[Tensor | None, Tensor | None, dict[str, Tensor | None]] | None:
     r"""Gradients of :math:`\sum_{ij} \langle l_i, r_j\rangle k(x^{(1)}_i, x^{(2)}_j)` in ONE reduction,
-    for ``x1`` and ``x2`` holding the same points (K(X, X)), on the engine :func:`engine_for` picks:
-    the CPU engine (:func:`lazykern.cpu.symmetric_gradients`, any formula) or KeOps (symmetric
-    formulas, as below).
-
-    For a symmetric formula (``formula.symmetric``: :math:`k(u, v) = k(v, u)`, stationary or not),
-    :math:`\partial k(u, v)/\partial v = \partial k(v, u)/\partial v` (first argument), so with
-    :math:`g_{ij} = \partial k(x_i, x_j)/\partial x_i` the gradients are
-    :math:`\sum_j \langle l_i, r_j\rangle g_{ij}` for ``x1`` and :math:`\sum_j \langle r_i, l_j\rangle g_{ij}`
-    for ``x2``: reductions over j of the same derivative. When ``x1`` *is* ``x2`` (one tensor), one
-    output carries their sum. The parameter gradients ride along in the same reduction
-    (concatenated outputs, summed over i afterwards). KeOps' own backward would run one reduction
-    per differentiated variable, each re-evaluating every exponential.
+    for ``x1`` and ``x2`` holding the same points (K(X, X)), on the engine :func:`choose_engine`
+    picks, where that engine fuses it (:meth:`lazykern.engine.Engine.fuses_symmetric_gradient`):
+    the compiled engines any formula (:func:`lazykern.cpu.symmetric_gradients`), KeOps symmetric
+    formulas (:meth:`lazykern.keops.engine.KeOpsEngine.symmetric_gradients`). The parameter
+    gradients ride along in the same reduction.
 
     Args:
         x1, x2: ``(*batch, N, D)``, equal values (the caller checks); distinct tensors get distinct
@@ -269,8 +249,9 @@ def symmetric_gradients(
 
     Returns:
         The gradients for ``x1``, ``x2`` (``None`` where not required; all of it in the first when
-        ``x1 is x2``) and one per parameter; ``None`` instead when ``left``/``right`` do not end in
-        the batch shape of ``x1`` (the caller then differentiates otherwise).
+        ``x1 is x2``) and one per parameter; ``None`` instead when the chosen engine does not fuse
+        this gradient or ``left``/``right`` do not end in the batch shape of ``x1`` (the caller
+        then differentiates otherwise).
     """
     params = _in_name_order(params)
     batch = x1.shape[:-2]
@@ -278,50 +259,10 @@ def symmetric_gradients(
     left, right = fold_columns(left.expand(shape), batch), fold_columns(right.expand(shape), batch)
     if left is None or right is None:
         return None
-    engine = engine_for(formula, x1, x2, params)
-    if engine in ("cpu", "triton"):
-        # The compiled pass sums both occurrences of x: distinct tensors asking for their own
-        # shares take the generic path.
-        if x1 is not x2 and (x1.requires_grad or x2.requires_grad):
-            return None
-        grad, grads = (cpu if engine == "cpu" else triton_engine).symmetric_gradients(formula, x1, params, left, right)
-        return grad, None, grads
-    c = left.shape[-1]
-    pad = padded_size(c) - c
-    left, right = torch.nn.functional.pad(left, (0, pad)), torch.nn.functional.pad(right, (0, pad))
-    wanted = {n: p for n, p in params.items() if p.requires_grad}
-    same = x1 is x2
-    want1, want2 = x1.requires_grad, (x2.requires_grad and not same)
-    with keops_session():
-        xi, xj = keops_lazy_tensor(x1.unsqueeze(-2)), keops_lazy_tensor(x1.unsqueeze(-3))
-        lazy_params = {n: keops_lazy_tensor(p) for n, p in pairwise_params(params).items()}
-        K = formula(xi, xj, **lazy_params)
-        weight = keops_lazy_tensor(left.unsqueeze(-2)) | keops_lazy_tensor(right.unsqueeze(-3))
-        if want2 or (want1 and same):
-            transposed = keops_lazy_tensor(right.unsqueeze(-2)) | keops_lazy_tensor(left.unsqueeze(-3))
-        parts, sizes = [], []
-        if want1:
-            parts.append(K.grad(xi, weight + transposed if same else weight))
-            sizes.append(x1.shape[-1])
-        if want2:
-            parts.append(K.grad(xi, transposed))
-            sizes.append(x1.shape[-1])
-        for name, p in wanted.items():
-            parts.append(K.grad(lazy_params[name], weight))
-            sizes.append(p.shape[-1])
-        if not parts:
-            return None, None, {n: None for n in params}
-        fused = parts[0]
-        for part in parts[1:]:
-            fused = fused.concat(part)
-        out = fused.sum(dim=x1.dim() - 1)  # reduce over j: (*batch, N, sum(sizes))
-    blocks = iter(out.split(sizes, dim=-1))
-    grad1 = next(blocks) if want1 else None
-    grad2 = next(blocks) if want2 else None
-    grads = {
-        n: (next(blocks).sum(-2, keepdim=True).reshape(p.shape) if n in wanted else None) for n, p in params.items()
-    }
-    return grad1, grad2, grads
+    engine = choose_engine(formula, x1, x2, params)
+    if not engine.fuses_symmetric_gradient(formula):
+        return None
+    return engine.symmetric_gradients(formula, x1, x2, params, left, right)
 
 
 def _broadcast_rhs(x1: Tensor, rhs: Tensor) -> Tensor:
@@ -336,15 +277,7 @@ def pairwise_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[st
     if vector:
         rhs = rhs.unsqueeze(-1)
     rhs = _broadcast_rhs(x1, rhs)
-    engine = engine_for(formula, x1, x2, params)
-    if engine == "cpu":
-        out = cpu.matmul(formula, x1, x2, params, rhs)
-    elif engine == "triton":
-        out = triton_engine.matmul(formula, x1, x2, params, rhs)
-    elif engine == "keops":
-        out = _keops_matmul(formula, x1, x2, params, rhs)
-    else:
-        out = torch_engine.rowwise(formula, x1, x2, params, rhs)
+    out = choose_engine(formula, x1, x2, params).matmul(formula, x1, x2, params, rhs)
     return out.squeeze(-1) if vector else out
 
 
@@ -352,7 +285,7 @@ def dense_matmul(dense: Tensor, rhs: Tensor) -> Tensor:
     """``dense @ rhs`` for a stored kernel matrix: the CPU engine's few-column product
     (:mod:`lazykern.cpu.dense_matmul`) where it applies and the engine setting allows the CPU
     engine (``"auto"`` or ``"cpu"``), else torch's ``matmul``."""
-    if settings.engine.value() in ("auto", "cpu") and cpu.supports_dense_matmul(dense, rhs):
+    if settings.engine.value() in ("auto", CPU.name) and cpu.supports_dense_matmul(dense, rhs):
         return cpu.dense_matmul(dense, rhs)
     return dense @ rhs
 
@@ -361,13 +294,12 @@ def pairwise_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str
     """The (..., N, M) kernel matrix, built in row blocks so N x M x D never exists. Entries below
     the normal floating-point range are written as zeros (they would slow LAPACK down tenfold).
 
-    On the CPU engine the whole matrix is one compiled pass (measured: as fast as one lazy pass);
-    KeOps has no dense output, so its formulas are built by the torch engine's row blocks."""
+    On the compiled engines the whole matrix is one compiled pass (measured on the CPU: as fast as
+    one lazy pass); KeOps has no dense output, so its formulas are built by the torch engine's row
+    blocks."""
     params = _in_name_order(params)
-    engine = engine_for(formula, x1, x2, params)
-    if engine in ("cpu", "triton"):  # subnormals flushed in the compiled pass
-        return (cpu if engine == "cpu" else triton_engine).dense(formula, x1, x2, params)
-    return torch_engine.rowwise(formula, x1, x2, params, None)
+    dense = choose_engine(formula, x1, x2, params).dense(formula, x1, x2, params)
+    return TORCH.dense(formula, x1, x2, params) if dense is None else dense
 
 
 def elementwise(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
@@ -389,10 +321,10 @@ def elementwise(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, T
 
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x1, x2, *values)):
         parts = [torch.utils.checkpoint.checkpoint(block, x1[..., r, :], x2[..., r, :], *values, use_reentrant=False)
-                 for r in torch_engine.row_blocks(rows, step)]
+                 for r in row_blocks(rows, step)]
         return torch.cat(parts, -1)
     batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2], *(p.shape[:-2] for p in values))
     out = x1.new_empty(*batch, rows)
-    for r in torch_engine.row_blocks(rows, step):
+    for r in row_blocks(rows, step):
         out[..., r] = block(x1[..., r, :], x2[..., r, :], *values)
     return out

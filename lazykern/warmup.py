@@ -15,7 +15,8 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 import torch
 from gpytorch.kernels import Kernel
 
-from . import backend, keops, keops_cuda, settings
+from . import backend, keops, settings
+from .keops.health import health as keops_health
 from .cpu import build
 from .validation import check_positive_int, check_positive_ints
 
@@ -194,7 +195,7 @@ def precompile(
     kernel = copy.deepcopy(kernel).to(dtype)
     device = next((p.device for p in kernel.parameters()), torch.device("cpu"))
     if device.type == "cuda":  # KeOps' health check first: its probe's compile is not one of the kernel's
-        keops_cuda.health(device)
+        keops_health(device)
     keops_folders = _keops_folders(device)
     cpu_folder = build.cache_folder()
     watched = [cpu_folder] + [folder for folder, _ in keops_folders]

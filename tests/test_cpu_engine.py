@@ -507,11 +507,11 @@ def test_dense_of_one_input_backward_in_one_pass(case, monkeypatch):
     """K(x, x) from one tensor (as the kernels pass it): the gradient reaching x through both sides
     comes from one pass weighted by G and G^T, for an even formula and one that is not (OAK's);
     G not symmetric, so a pass that used G for both sides would show."""
-    from lazykern.compiler import passes
+    from lazykern.compiler import driver
 
     jobs = []
-    grad_pass = passes._grad_pass
-    monkeypatch.setattr(passes, "_grad_pass", lambda target, f, job, *a: jobs.append(job) or grad_pass(target, f, job, *a))
+    grad_pass = driver._grad_pass
+    monkeypatch.setattr(driver, "_grad_pass", lambda target, f, job, *a: jobs.append(job) or grad_pass(target, f, job, *a))
     hp = interaction_hyperparameters()
     x = torch.randn(N, D, dtype=DT, requires_grad=True)
     weights = torch.randn(N, N, dtype=DT)
@@ -734,8 +734,10 @@ def test_kernel_of_x_runs_on_the_cpu_engine_by_default(kind, monkeypatch):
     def no_keops(*args, **kwargs):
         raise AssertionError("KeOps was called on CPU tensors the CPU engine supports")
 
-    monkeypatch.setattr(backend, "_keops_matmul", no_keops)
-    monkeypatch.setattr(backend, "keops_session", no_keops)
+    from lazykern.keops import engine as keops_engine
+
+    monkeypatch.setattr(backend.KEOPS, "matmul", no_keops)
+    monkeypatch.setattr(keops_engine, "keops_session", no_keops)
     monkeypatch.setattr(backend.torch_engine, "rowwise", no_keops)
     op = _user_kernel(kind, d).double()(x).evaluate_kernel()
     assert backend.engine_for(op.covar_func, op.x1, op.x2, op.tensor_params) == "cpu"

@@ -18,7 +18,7 @@ import torch
 from linear_operator.functions import pivoted_cholesky
 
 import lazykern
-from lazykern import backend, settings
+from lazykern import backend, row_blocks, settings
 from lazykern.operators import DENSE_CACHE, DenseCache, LazyKernelOperator
 
 from .test_kernels import D, assert_close, make_kernel, reference_of
@@ -103,14 +103,14 @@ def test_batched_symmetric_kernel_gradient_is_fused_and_exact(monkeypatch):
 def test_chunk_bytes_bounds_the_whole_batch_of_a_block(monkeypatch):
     """Defect 3: a block held rows x M x d for *each* batch member (404 MB instead of 4 MiB)."""
     sizes = []
-    block = backend.torch_engine.block
+    block = row_blocks.block
 
     def spy(formula, x1, x2, names, *rest):
         batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
         sizes.append(batch.numel() * x1.shape[-2] * x2.shape[-2] * x2.shape[-1] * x2.element_size())
         return block(formula, x1, x2, names, *rest)
 
-    monkeypatch.setattr(backend.torch_engine, "block", spy)
+    monkeypatch.setattr(row_blocks, "block", spy)
     kernel = lazykern.RBFKernel(ard_num_dims=5)
     x = torch.randn(32, 600, 5)
     with settings.engine("torch"), settings.max_dense_bytes(0), torch.no_grad():
@@ -430,13 +430,13 @@ def test_unknown_keops_version_falls_back_to_keops_own_flags_with_a_warning():
         md.version = lambda name: "2.4.0" if name in ("pykeops", "keopscore") else real(name)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            import lazykern.keops as lk
+            import lazykern.keops.session as lk
         print("WARNED", any("own flags" in str(w.message) for w in caught))
         lk._install()
         import pykeops.torch.generic.generic_red as generic_red
         from pykeops.common.keops_io import keops_binder
         print("HOOKED", any(isinstance(v, lk._LazykernLoader) for v in keops_binder.values()),
-              generic_red.get_optional_flags.__module__ == "lazykern.keops")
+              generic_red.get_optional_flags.__module__ == "lazykern.keops.session")
         """
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
@@ -446,7 +446,7 @@ def test_unknown_keops_version_falls_back_to_keops_own_flags_with_a_warning():
 
 def test_other_threads_keops_loads_wait_while_lazykern_flags_are_switched():
     """Defect 10: another thread loading KeOps code mid-switch saw lazykern's flags and folder."""
-    from lazykern import keops as lk
+    from lazykern.keops import session as lk
 
     loaded = []
     loader = lk._LazykernLoader(lambda *args: loaded.append(args) or "module", lazykern_builds=True)

@@ -6,7 +6,7 @@ Tested on the same float64 inputs (signed, so nothing is a convex combination of
 numbers only; R < D, so the orders above j are skipped while j < R):
 
 * the torch formula (``elementary_symmetric`` on tensors: in place, hand-written reverse mode);
-* KeOps' node (``lazykern.formulas.keops_nodes``) through pykeops on CPU;
+* KeOps' node (``lazykern.keops.nodes``) through pykeops on CPU;
 * the C target (``lazykern.cpu``), the recurrence as a pair value and as a row value;
 * the Triton target under ``TRITON_INTERPRET=1`` (set when this module is imported, before triton
   is; in a process that imported triton earlier without it, that test skips).

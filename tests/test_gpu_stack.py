@@ -23,9 +23,9 @@ import warnings
 import pytest
 import torch
 
-from lazykern import backend, keops_cuda, settings
+from lazykern import backend, settings
 from lazykern.formulas import StationaryFormula
-from lazykern.keops import CACHE_ENV
+from lazykern.keops import CACHE_ENV, discovery, health, nvrtc
 
 RBF = StationaryFormula("rbf", additive=True)
 STACK = {"driver": "580.65.06", "nvrtc": "13.0", "keopscore": "2.3", "gpu": "NVIDIA Test GPU"}
@@ -73,12 +73,12 @@ def _wheel_site(root, major, minor=0):
 @pytest.mark.parametrize("major", [13, 12])
 def test_shim_from_the_wheel_layout(tmp_path, major):
     site = _wheel_site(tmp_path, major)
-    cuda = keops_cuda.find_wheel_cuda([str(tmp_path / "elsewhere"), site])
+    cuda = discovery.find_wheel_cuda([str(tmp_path / "elsewhere"), site])
     assert cuda is not None and cuda.major == major
     assert os.path.basename(cuda.nvrtc) == f"libnvrtc.so.{major}"
     assert os.path.basename(cuda.cudart) == f"libcudart.so.{major}"
     assert os.path.basename(cuda.builtins) == f"libnvrtc-builtins.so.{major}.0"
-    shim = keops_cuda.build_shim(cuda, str(tmp_path / "shim"), libcuda="/usr/lib/libcuda.so.1")
+    shim = discovery.build_shim(cuda, str(tmp_path / "shim"), libcuda="/usr/lib/libcuda.so.1")
     assert sorted(os.listdir(f"{shim}/include")) == ["cuda.h", "cuda_fp16.h", "nvrtc.h"]
     for name in ("cuda.h", "nvrtc.h"):  # keopscore's test: both headers are files of one include folder
         assert os.path.isfile(f"{shim}/include/{name}")
@@ -89,15 +89,15 @@ def test_shim_from_the_wheel_layout(tmp_path, major):
         f"libnvrtc-builtins.so.{major}.0": cuda.builtins,  # NVRTC 13 opens it by name at each compile
         "libcuda.so": "/usr/lib/libcuda.so.1",
     }
-    assert keops_cuda.build_shim(cuda, shim, libcuda="/usr/lib/libcuda.so.1") == shim  # again: unchanged
-    assert keops_cuda.nvrtc_version(f"{shim}/lib64") == (major, 0)
+    assert discovery.build_shim(cuda, shim, libcuda="/usr/lib/libcuda.so.1") == shim  # again: unchanged
+    assert nvrtc.nvrtc_version(f"{shim}/lib64") == (major, 0)
 
 
 def test_incomplete_wheels_are_not_a_cuda(tmp_path):
     site = _wheel_site(tmp_path, 13)
     os.remove(f"{site}/nvidia/cu13/include/nvrtc.h")
-    assert keops_cuda.find_wheel_cuda([site]) is None
-    assert keops_cuda.find_wheel_cuda([str(tmp_path / "no-such-site")]) is None
+    assert discovery.find_wheel_cuda([site]) is None
+    assert discovery.find_wheel_cuda([str(tmp_path / "no-such-site")]) is None
 
 
 def test_keopscore_finds_nvrtc_through_the_shim(tmp_path):
@@ -112,14 +112,14 @@ import ctypes.util, json, os, sys
 import torch
 torch_nvrtc = next((line.split()[-1] for line in open("/proc/self/maps") if "libnvrtc.so" in line), None)
 sys.path.insert(0, {site!r})
-from lazykern import keops_cuda
-shim = keops_cuda.configure()
+from lazykern.keops import discovery, nvrtc
+shim = discovery.configure()
 from keopscore.config import cuda_config
 found, path, error = cuda_config._try_load_library("nvrtc")
 print(json.dumps({{"torch_nvrtc": torch_nvrtc, "shim": shim, "cuda_path": os.environ.get("CUDA_PATH"),
                   "library_path": os.environ["LIBRARY_PATH"],
                   "find_library": ctypes.util.find_library("nvrtc"), "found": found, "path": path, "error": error,
-                  "version": keops_cuda.nvrtc_version(os.path.dirname(path)) if found else None}}))
+                  "version": nvrtc.nvrtc_version(os.path.dirname(path)) if found else None}}))
 """
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_PATH", "CUDA_HOME", "CONDA_PREFIX", "LIBRARY_PATH")}
     env.update({CACHE_ENV: str(tmp_path / "cache"), "KEOPS_CACHE_FOLDER": str(tmp_path / "keops"), "KEOPS_VERBOSE": "0"})
@@ -147,7 +147,7 @@ def test_nvrtc_source_rewrite_of_the_installed_keopscore():
 
     with open(os.path.join(os.path.dirname(keopscore.__file__), "binders", "nvrtc", "nvrtc_jit.cpp")) as f:
         source = f.read()
-    patched = keops_cuda.patched_jit_source(source)
+    patched = nvrtc.patched_jit_source(source)
     before, after = _compile_calls(source), _compile_calls(patched)
     assert len(after) == len(before) == source.count("nvrtcCompileProgram(") >= 2
     for (old, old_count), (new, new_count) in zip(before, after):
@@ -155,7 +155,7 @@ def test_nvrtc_source_rewrite_of_the_installed_keopscore():
     assert patched.replace(', "--no-cache"', "") != source  # counts changed too ...
     assert len(patched) - len(source) == len(before) * len(', "--no-cache"')  # ... and nothing else
     with pytest.raises(RuntimeError, match="not patched"):
-        keops_cuda.patched_jit_source(source.replace("const char *opts[] = {arch_flag_char};", "auto opts = {arch_flag_char};"))
+        nvrtc.patched_jit_source(source.replace("const char *opts[] = {arch_flag_char};", "auto opts = {arch_flag_char};"))
 
 
 @pytest.fixture
@@ -178,7 +178,7 @@ def fake_jit_module(monkeypatch, tmp_path):
             get_compile_command=lambda sourcename, dllname: f"g++ -shared -DMAXIDGPU=0 {sourcename} -o {dllname}"),
     )
     monkeypatch.setitem(sys.modules, "keopscore.binders.nvrtc.Gpu_link_compile", module)
-    monkeypatch.setattr(keops_cuda, "_compile", run)
+    monkeypatch.setattr(nvrtc, "_compile", run)
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     module.builds = builds
     return module
@@ -186,9 +186,9 @@ def fake_jit_module(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("version, patched", [((13, 0), True), ((12, 8), False), (None, False)])
 def test_version_gate_selects_the_no_cache_engine_on_nvrtc_13_only(fake_jit_module, monkeypatch, version, patched):
-    monkeypatch.setattr(keops_cuda, "nvrtc_version", lambda folder=None: version)
+    monkeypatch.setattr(nvrtc, "nvrtc_version", lambda folder=None: version)
     keops_default = fake_jit_module.jit_compile_dll
-    library = keops_cuda._select_jit_engine()
+    library = nvrtc._select_jit_engine()
     if not patched:
         assert library is None and fake_jit_module.builds == [] and fake_jit_module.jit_compile_dll is keops_default
         return
@@ -196,15 +196,15 @@ def test_version_gate_selects_the_no_cache_engine_on_nvrtc_13_only(fake_jit_modu
     (command,) = fake_jit_module.builds
     src = command.split()[-3]
     with open(fake_jit_module.jit_compile_src) as f, open(src) as g:
-        assert g.read() == keops_cuda.patched_jit_source(f.read())
-    assert keops_cuda._select_jit_engine() == library and len(fake_jit_module.builds) == 1  # built once
+        assert g.read() == nvrtc.patched_jit_source(f.read())
+    assert nvrtc._select_jit_engine() == library and len(fake_jit_module.builds) == 1  # built once
 
 
 def test_a_failed_engine_build_names_the_compiler_error(tmp_path):
     source = tmp_path / "engine.cpp"
     source.write_text("#include <nv/target>\n")
     with pytest.raises(RuntimeError, match=r"g\+\+ failed: .*nv/target.*nvidia-cuda-crt nvidia-cuda-cccl"):
-        keops_cuda._compile(f"g++ -shared -fPIC {source} -o {tmp_path / 'engine.so'}", str(tmp_path / "engine.so"))
+        nvrtc._compile(f"g++ -shared -fPIC {source} -o {tmp_path / 'engine.so'}", str(tmp_path / "engine.so"))
 
 
 @pytest.fixture
@@ -214,10 +214,10 @@ def gpu_stack(monkeypatch, tmp_path):
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(cuda_config, "_use_cuda", True)
-    monkeypatch.setattr(keops_cuda, "configure", lambda: None)
-    monkeypatch.setattr(keops_cuda, "select_jit_engine", lambda: None)
-    monkeypatch.setattr(keops_cuda, "_stack", lambda index: dict(STACK))
-    monkeypatch.setattr(keops_cuda, "_verdicts", {})
+    monkeypatch.setattr(discovery, "configure", lambda: None)
+    monkeypatch.setattr(nvrtc, "select_jit_engine", lambda: None)
+    monkeypatch.setattr(health, "_stack", lambda index: dict(STACK))
+    monkeypatch.setattr(health, "_verdicts", {})
     monkeypatch.setattr(backend, "_warned", set())
     monkeypatch.setattr(backend, "_triton_runs", lambda *args: True)
     runs = []
@@ -226,7 +226,7 @@ def gpu_stack(monkeypatch, tmp_path):
         def command(index):
             runs.append(index)
             return [sys.executable, "-c", code]
-        monkeypatch.setattr(keops_cuda, "_probe_command", command)
+        monkeypatch.setattr(health, "_probe_command", command)
 
     device = torch.device("cuda", 0)
     x = types.SimpleNamespace(shape=torch.Size([600, 3]), device=device)  # what engine_for reads of a tensor
@@ -250,20 +250,20 @@ def test_crashing_probe_leaves_the_caller_alive_on_another_engine(gpu_stack):
 
 def test_verdict_cache_per_stack(gpu_stack, monkeypatch):
     gpu_stack.probe(CRASH)
-    first = keops_cuda.health(gpu_stack.device)
+    first = health.health(gpu_stack.device)
     assert not first.ok and not first.cached and gpu_stack.runs == [0]
-    with open(keops_cuda.verdict_path(STACK)) as f:
+    with open(health.verdict_path(STACK)) as f:
         assert json.load(f)["stack"] == STACK
-    monkeypatch.setattr(keops_cuda, "_verdicts", {})  # a new process: the verdict file answers
-    again = keops_cuda.health(gpu_stack.device)
+    monkeypatch.setattr(health, "_verdicts", {})  # a new process: the verdict file answers
+    again = health.health(gpu_stack.device)
     assert again.cached and (again.ok, again.cause) == (first.ok, first.cause) and gpu_stack.runs == [0]
     # Another driver (or NVRTC, keopscore, GPU model): another verdict, probed afresh.
     other = {**STACK, "driver": "590.10"}
-    assert keops_cuda.verdict_path(other) != keops_cuda.verdict_path(STACK)
-    monkeypatch.setattr(keops_cuda, "_stack", lambda index: dict(other))
-    monkeypatch.setattr(keops_cuda, "_verdicts", {})
-    gpu_stack.probe(f"print({keops_cuda._PROBE_OK!r})")
-    healthy = keops_cuda.health(gpu_stack.device)
+    assert health.verdict_path(other) != health.verdict_path(STACK)
+    monkeypatch.setattr(health, "_stack", lambda index: dict(other))
+    monkeypatch.setattr(health, "_verdicts", {})
+    gpu_stack.probe(f"print({health._PROBE_OK!r})")
+    healthy = health.health(gpu_stack.device)
     assert healthy.ok and not healthy.cached and gpu_stack.runs == [0, 0]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a healthy KeOps: chosen, nothing said
@@ -272,12 +272,12 @@ def test_verdict_cache_per_stack(gpu_stack, monkeypatch):
 
 def test_failing_and_hanging_probes_name_their_cause(gpu_stack, monkeypatch):
     gpu_stack.probe("import sys; sys.exit('KeOps error: nvrtcCompileProgram failed')")
-    assert keops_cuda._run_probe(0) == (False, "KeOps' GPU health check failed: KeOps error: nvrtcCompileProgram failed")
-    monkeypatch.setattr(keops_cuda, "_PROBE_TIMEOUT_S", 1)
+    assert health._run_probe(0) == (False, "KeOps' GPU health check failed: KeOps error: nvrtcCompileProgram failed")
+    monkeypatch.setattr(health, "_PROBE_TIMEOUT_S", 1)
     gpu_stack.probe("import time; time.sleep(30)")
-    assert keops_cuda._run_probe(0) == (False, "KeOps' GPU health check did not finish in 1 s")
+    assert health._run_probe(0) == (False, "KeOps' GPU health check did not finish in 1 s")
     monkeypatch.setattr(backend, "_triton_runs", lambda *args: False)
-    monkeypatch.setattr(keops_cuda, "_verdicts", {})
+    monkeypatch.setattr(health, "_verdicts", {})
     with pytest.warns(RuntimeWarning, match="did not finish in 1 s; using the torch engine instead"):
         assert backend.engine_for(RBF, gpu_stack.x, gpu_stack.x, {}) == "torch"
 
@@ -292,7 +292,7 @@ def test_cpu_choice_and_report_unchanged():
 
 def test_help_imports_none_of_it():
     code = ("import sys, contextlib, io\nfrom lazykern.cli import main\nwith contextlib.redirect_stdout(io.StringIO()):\n"
-            "    main(['--help'])\nprint(sorted(m for m in sys.modules if m in ('lazykern.keops', 'lazykern.keops_cuda', 'lazykern.backend') or m.startswith(('torch', 'keopscore'))))")
+            "    main(['--help'])\nprint(sorted(m for m in sys.modules if m in ('lazykern.keops.session', 'lazykern.keops.health', 'lazykern.keops.engine', 'lazykern.backend') or m.startswith(('torch', 'keopscore'))))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
 

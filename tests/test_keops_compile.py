@@ -19,7 +19,7 @@ import torch
 
 import lazykern
 from lazykern import backend, settings
-from lazykern import keops as lk
+from lazykern.keops import session as lk
 from lazykern.cpu import build
 from lazykern.formulas import StationaryFormula
 from lazykern.warmup import precompile

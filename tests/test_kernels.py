@@ -160,14 +160,14 @@ def test_auto_engine_dispatches_on_device_formula_and_size(monkeypatch):
     from lazykern import backend
 
     calls = []
-    monkeypatch.setattr(backend, "_keops_matmul", lambda *a: calls.append("keops") or backend.torch_engine.rowwise(*a))
+    monkeypatch.setattr(backend.KEOPS, "matmul", lambda *a: calls.append("keops") or backend.TORCH.matmul(*a))
     kernel = make_kernel("rbf", "additive-ard")
     x_small, x_large = torch.randn(20, D, dtype=torch.float64), torch.randn(40, D, dtype=torch.float64)
     rhs = torch.randn(40, 1, dtype=torch.float64)
     op = kernel(x_small, x_large).evaluate_kernel()
     assert backend.engine_for(op.covar_func, op.x1, op.x2, op.tensor_params) == "cpu"
     with settings.keops_min_size(30), settings.max_dense_bytes(0):
-        monkeypatch.setattr(backend.cpu, "supports", lambda *a: False)  # as for CUDA tensors
+        monkeypatch.setattr(backend.CPU, "supports", lambda *a: False)  # as for CUDA tensors
         kernel(x_small, x_large) @ rhs
         assert calls == []
         kernel(x_large, x_large) @ rhs

@@ -46,6 +46,7 @@ from linear_operator.test.linear_operator_test_case import (
 
 import lazykern
 from lazykern import backend, settings
+from lazykern.keops import engine as keops_engine
 from lazykern.formulas import StationaryFormula
 from lazykern.ntk import NTKKernel
 from lazykern.operators import LazyKernelOperator
@@ -178,11 +179,11 @@ def _keops_must_run(mode: str, monkeypatch):
     """Record the lazy engines that ran (``"keops"``: a ``keops_session``, ``"cpu"``: an engine pass); in the keops
     mode the check must have used KeOps."""
     calls = []
-    session = backend.keops_session
-    monkeypatch.setattr(backend, "keops_session", lambda: calls.append("keops") or session())
+    session = keops_engine.keops_session
+    monkeypatch.setattr(keops_engine, "keops_session", lambda: calls.append("keops") or session())
     for name in ("matmul", "symmetric_gradients"):
-        original = getattr(backend.cpu, name)
-        monkeypatch.setattr(backend.cpu, name, lambda *a, _f=original: calls.append("cpu") or _f(*a))
+        original = getattr(backend.CPU, name)
+        monkeypatch.setattr(backend.CPU, name, lambda *a, _f=original: calls.append("cpu") or _f(*a))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         with contextlib.ExitStack() as stack:

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Iterator
 
-from .. import keops_messages
+from ..keops import messages as keops_messages
 from .parser import UsageError
 
 __all__ = ["library_output", "resolve_device"]
@@ -18,7 +18,7 @@ __all__ = ["library_output", "resolve_device"]
 def library_output(verbose: bool) -> Iterator[None]:
     """Send what KeOps and other libraries print to stderr (``verbose``) or nowhere."""
     # KeOps prints its CUDA status when it is imported and a notice whenever it compiles a formula
-    # (to stderr, lazykern.keops_messages). stdout carries the command's report alone (it is read,
+    # (to stderr, lazykern.keops.messages). stdout carries the command's report alone (it is read,
     # piped and parsed), so library output goes to stderr with --verbose and nowhere otherwise.
     if verbose:
         with contextlib.redirect_stdout(sys.stderr), keops_messages.verbose():

@@ -20,7 +20,7 @@ raises :class:`Unsupported`, which :func:`lazykern.cpu.supports` turns into ``Fa
 then uses KeOps).
 
 Two operations are recurrences over the feature axis, one node each, as KeOps' custom nodes of
-:mod:`lazykern.formulas.keops_nodes` are: ``elementary_symmetric(R)`` (the normalized elementary
+:mod:`lazykern.keops.nodes` are: ``elementary_symmetric(R)`` (the normalized elementary
 symmetric polynomials of :func:`lazykern.formulas.interactions.elementary_symmetric`, op
 ``"esym"``) and its vector-Jacobian product (op ``"esym_vjp"``, created by differentiation).
 Unrolled into D R scalar nodes instead, the generated C of a gradient pass took a minute to compile

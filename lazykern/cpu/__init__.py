@@ -10,7 +10,9 @@ target of lazykern's compiler (``lazykern.compiler``); the GPU target is :mod:`l
 
 Functions (same shapes as :mod:`lazykern.backend`): :func:`matmul`, :func:`dense`,
 :func:`symmetric_gradients` and :func:`supports`; :func:`dense_matmul` multiplies a stored dense
-matrix by a few columns (CG's products on the dense cache).
+matrix by a few columns (CG's products on the dense cache). ``ENGINE`` is the engine as the chooser
+lists it (:class:`lazykern.engine.Engine`, a :class:`lazykern.compiler.driver.CompiledEngine` of
+the C target).
 
 Example:
     >>> import torch
@@ -26,6 +28,6 @@ Example:
 """
 
 from .dense_matmul import dense_matmul, supports_dense_matmul
-from .reductions import dense, matmul, supports, symmetric_gradients
+from .reductions import ENGINE, dense, matmul, supports, symmetric_gradients
 
-__all__ = ["dense", "dense_matmul", "matmul", "supports", "supports_dense_matmul", "symmetric_gradients"]
+__all__ = ["ENGINE", "dense", "dense_matmul", "matmul", "supports", "supports_dense_matmul", "symmetric_gradients"]

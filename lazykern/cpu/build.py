@@ -32,16 +32,16 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import platform
 import shutil
 import subprocess
 import time
 
+from ..cache_paths import CPU_CACHE_ENV, cpu_cache, cpu_model
 from ..compiler.programs import Programs
 from .codegen import Reduction, generate
 
 __all__ = [
-    "BASE_FLAGS", "VECTOR_MATH_FLAGS", "FLAGS_ENV", "CACHE_ENV", "cache_folder", "compiler", "cpu_model",
+    "BASE_FLAGS", "VECTOR_MATH_FLAGS", "FLAGS_ENV", "CACHE_ENV", "cache_folder", "compiler",
     "engine_flags", "extra_flags", "load", "load_source", "loaded_programs", "compile_log",
 ]
 
@@ -61,7 +61,7 @@ BASE_FLAGS = "-x c -std=gnu11 -O2 -ffp-contract=off -fopenmp -fPIC -shared"
 VECTOR_MATH_FLAGS = "-march=native -fno-math-errno -fno-trapping-math -D__FAST_MATH__"
 
 FLAGS_ENV = "LAZYKERN_CPU_FLAGS"
-CACHE_ENV = "LAZYKERN_CPU_CACHE"
+CACHE_ENV = CPU_CACHE_ENV  # named with the other engines' folders, in lazykern.cache_paths
 
 _LOCK_TIMEOUT_S = 1800
 _programs = Programs()  # by Reduction, or by source text
@@ -107,43 +107,19 @@ def engine_flags() -> str:
     return f"{BASE_FLAGS} {extra_flags()}".strip()
 
 
-def cpu_model() -> str:
-    """The CPU model and its instruction-set flags (what ``-march=native`` compiles for), from
-    ``/proc/cpuinfo``; else the platform's processor or machine name.
-
-    Example:
-        >>> isinstance(cpu_model(), str) and cpu_model() != ""
-        True
-    """
-    found: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("model name", "flags", "Features", "CPU part") and key not in found:
-                    found[key] = value.strip()
-    except OSError:
-        pass
-    return "; ".join(f"{k}: {v}" for k, v in found.items()) or platform.processor() or platform.machine()
-
-
 def cache_folder(flags: str | None = None) -> str:
     """The folder of the libraries compiled with ``flags`` (default :func:`engine_flags`):
     ``<base>/flags-<hash of flags, compiler, CPU model>``, ``<base>`` being ``LAZYKERN_CPU_CACHE``
-    or ``$XDG_CACHE_HOME/lazykern/cpu-engine``. Deleting it is safe: reductions are recompiled.
+    or ``$XDG_CACHE_HOME/lazykern/cpu-engine`` (:func:`lazykern.cache_paths.cpu_cache`). Deleting it is safe: reductions are recompiled.
 
     Example:
         >>> cache_folder("-O2") == cache_folder(" -O2 "), cache_folder("-O2") == cache_folder("-O3")
         (True, False)
     """
     flags = engine_flags() if flags is None else " ".join(flags.split())
-    base = os.environ.get(CACHE_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "lazykern", "cpu-engine"
-    )
     identity = f"flags={flags}\ncompiler={compiler()}\ncpu={cpu_model()}\n"
     digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
-    return os.path.join(os.path.expanduser(base), f"flags-{digest}")
+    return os.path.join(cpu_cache(), f"flags-{digest}")
 
 
 def loaded_programs() -> int:

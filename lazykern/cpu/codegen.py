@@ -477,7 +477,7 @@ def _recurrence_code(nodes, z, operand, out: str, stride: str, lanes: str, scrat
     ``esym`` is the summation recurrence of
     :func:`lazykern.formulas.interactions.elementary_symmetric_reference` (after input j, state r
     holds e_r(z_1..z_j) / binom(j, r)) in the order of operations of KeOps' node
-    (:mod:`lazykern.formulas.keops_nodes`), computed in the result rows; ``esym_vjp`` is its reverse
+    (:mod:`lazykern.keops.nodes`), computed in the result rows; ``esym_vjp`` is its reverse
     mode (forward states kept, then the adjoint runs backwards over the inputs). Both are tested
     against the specification in ``tests/test_elementary_symmetric.py``."""
     node = nodes[z]

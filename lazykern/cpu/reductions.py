@@ -8,8 +8,8 @@ the tensors. Shapes follow :mod:`lazykern.backend`: ``x1`` ``(..., N, D1)``, ``x
 broadcast.
 
 Which passes a product, a dense block or the fused gradient runs is decided once for every target
-(:mod:`lazykern.compiler.passes`); this module is the C target's side of it: the inner side's
-buffer layout and the launches.
+(:mod:`lazykern.compiler.driver`); this module is the C target's side of it (:data:`TARGET`: the
+inner side's buffer layout and the launches) and the CPU engine (:data:`ENGINE`).
 
 Each backward pass evaluates the kernel's exponentials once per pair for all its outputs (KeOps'
 autodiff runs one reduction per differentiated variable).
@@ -26,14 +26,14 @@ from typing import Callable, Mapping
 import torch
 from torch import Tensor
 
-from ..compiler import passes
-from ..compiler.passes import flat_buffer
+from ..compiler import driver
+from ..compiler.driver import Buffer, CompiledEngine, Target, flat_buffer
 from ..compiler.plan import Reduction, plannable, unsupported
 from . import build
 
 Formula = Callable[..., object]
 
-__all__ = ["matmul", "dense", "symmetric_gradients", "supports", "threads"]
+__all__ = ["ENGINE", "TARGET", "matmul", "dense", "symmetric_gradients", "supports", "threads"]
 
 # Dimension-major rows are padded to a multiple of this many entries (64-byte aligned rows).
 _ALIGN = 16
@@ -41,27 +41,51 @@ _ALIGN = 16
 WORK_PER_THREAD = 1 << 15
 
 
-# ---------------------------------------------------------------------------- buffers and launches
-def inner_buffer(t: Tensor, batch: torch.Size, nb: int) -> tuple[Tensor, int]:
-    """Inner points or column arrays ``(..., M, W)`` as dimension-major ``(nb', W, mp)`` rows,
-    zero-padded to ``mp`` (a multiple of 16 entries: 64-byte aligned rows for the vector loops)."""
-    base, stride, count = flat_buffer(t, batch, nb)
-    base = base.reshape(count, *t.shape[-2:])
-    out = base.new_zeros(count, t.shape[-1], _padded(t.shape[-2]))
-    out[:, :, : t.shape[-2]] = base.transpose(-1, -2)
-    return out, (out[0].numel() if stride else 0)
+# ---------------------------------------------------------------------------- the C target
+class CTarget(Target):
+    """The C target: inner points dimension-major and padded for the vector loops; each pass one
+    compiled C function (:func:`lazykern.cpu.build.load`) called through ``ctypes``."""
+
+    title = "lazykern's CPU engine"
+
+    def supports(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
+        return supports(formula, x1, x2, params)
+
+    def unsupported(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> str:
+        reason = unsupported(formula, x1, x2, params)  # what the formula does that the engine lacks
+        if reason is not None:
+            return f"{self.title} cannot evaluate this formula: {reason}"
+        return (
+            f"{self.title} needs CPU tensors of one dtype (float32 or float64) with broadcastable "
+            f"batch shapes on Linux x86-64 with g++; got x1 {x1.dtype} on {x1.device}, x2 {x2.dtype} on "
+            f"{x2.device}, params {[(n, p.dtype, tuple(p.shape)) for n, p in params.items()]}"
+        )
+
+    def inner_buffer(self, t: Tensor, batch: torch.Size, nb: int) -> Buffer:
+        """Inner points ``(..., M, W)`` as dimension-major ``(nb', W, mp)`` rows, zero-padded to
+        ``mp`` (a multiple of 16 entries: 64-byte aligned rows for the vector loops)."""
+        base, stride, count = flat_buffer(t, batch, nb)
+        base = base.reshape(count, *t.shape[-2:])
+        out = base.new_zeros(count, t.shape[-1], _padded(t.shape[-2]))
+        out[:, :, : t.shape[-2]] = base.transpose(-1, -2)
+        return out, (out[0].numel() if stride else 0)
+
+    def inner_vectors(self, t: Tensor, batch: torch.Size, nb: int) -> Buffer:
+        """Column arrays over the inner points, laid out as the points themselves."""
+        return self.inner_buffer(t, batch, nb)
+
+    def launch(self, red: Reduction, buffers: dict[str, Buffer], nb: int, n: int, m: int, c: int) -> None:
+        fn = build.load(red)
+        roles = red.operands()
+        ptrs = (ctypes.c_void_p * len(roles))(*[buffers[r][0].data_ptr() for r in roles])
+        strides = (ctypes.c_int64 * len(roles))(*[buffers[r][1] for r in roles])
+        fn(ptrs, strides, nb, n, m, _padded(m), c, threads(nb * n * m))
 
 
-#: Column arrays over the inner points are laid out as the points themselves.
-inner_vectors = inner_buffer
-
-
-def launch(red: Reduction, buffers: dict[str, tuple[Tensor, int]], nb: int, n: int, m: int, c: int) -> None:
-    fn = build.load(red)
-    roles = red.operands()
-    ptrs = (ctypes.c_void_p * len(roles))(*[buffers[r][0].data_ptr() for r in roles])
-    strides = (ctypes.c_int64 * len(roles))(*[buffers[r][1] for r in roles])
-    fn(ptrs, strides, nb, n, m, _padded(m), c, threads(nb * n * m))
+#: The C target, as the driver (:mod:`lazykern.compiler.driver`) receives it.
+TARGET = CTarget()
+#: The CPU engine, as the chooser (:mod:`lazykern.backend`) lists it.
+ENGINE = CompiledEngine("cpu", TARGET)
 
 
 def threads(work: int) -> int:
@@ -106,18 +130,6 @@ def _platform_ok() -> bool:
     return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64") and build.compiler() is not None
 
 
-def check_supported(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> None:
-    if not supports(formula, x1, x2, params):
-        reason = unsupported(formula, x1, x2, params)  # what the formula does that the engine lacks
-        if reason is not None:
-            raise ValueError(f"lazykern's CPU engine cannot evaluate this formula: {reason}")
-        raise ValueError(
-            "lazykern's CPU engine needs CPU tensors of one dtype (float32 or float64) with broadcastable "
-            f"batch shapes on Linux x86-64 with g++; got x1 {x1.dtype} on {x1.device}, x2 {x2.dtype} on "
-            f"{x2.device}, params {[(n, p.dtype, tuple(p.shape)) for n, p in params.items()]}"
-        )
-
-
 def matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
     r""":math:`K(x_1, x_2)\, V` without storing :math:`K`, differentiable in ``x1``, ``x2``, ``rhs``
     and every parameter.
@@ -142,7 +154,8 @@ def matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor
         >>> matmul(StationaryFormula("rbf"), x, x, {}, torch.ones(100, 2, dtype=torch.float64)).shape
         torch.Size([100, 2])
     """
-    return passes.matmul(sys.modules[__name__], formula, x1, x2, params, rhs)
+    driver.require_support(TARGET, formula, x1, x2, params)
+    return driver.matmul(TARGET, formula, x1, x2, params, rhs)
 
 
 def dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
@@ -163,7 +176,8 @@ def dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]
         >>> torch.allclose(K.diagonal(), torch.ones(50, dtype=torch.float64))
         True
     """
-    return passes.dense(sys.modules[__name__], formula, x1, x2, params)
+    driver.require_support(TARGET, formula, x1, x2, params)
+    return driver.dense(TARGET, formula, x1, x2, params)
 
 
 def symmetric_gradients(
@@ -198,4 +212,5 @@ def symmetric_gradients(
         >>> gx.shape
         torch.Size([20, 3])
     """
-    return passes.symmetric_gradients(sys.modules[__name__], formula, x, params, left, right)
+    driver.require_support(TARGET, formula, x, x, params)
+    return driver.symmetric_gradients(TARGET, formula, x, params, left, right)

@@ -79,6 +79,22 @@ def _is_lazy(t: Any) -> bool:
     return not isinstance(t, torch.Tensor)
 
 
+#: The names under which lazykern's own KeOps formula nodes are known to keopscore, by the operation
+#: they compute: filled by :func:`lazykern.keops.nodes.register` (which every KeOps ``LazyTensor``
+#: lazykern makes runs first), so that the formulas write a node's name without importing KeOps.
+KEOPS_NODES: dict[str, str] = {}
+
+
+def _keops_node(operation: str) -> str:
+    try:
+        return KEOPS_NODES[operation]
+    except KeyError:
+        raise RuntimeError(
+            f"lazykern's KeOps node for {operation!r} is not registered: make LazyTensors with "
+            "lazykern.keops.keops_lazy_tensor, or call lazykern.keops.nodes.register() first"
+        ) from None
+
+
 def _is_traced(t: Any) -> bool:
     """A placeholder of lazykern's CPU engine (:class:`lazykern.compiler.trace.Sym`; duck-typed, the
     formulas never import the engines)."""
@@ -115,7 +131,7 @@ def elementary_symmetric(z: Any, max_degree: int) -> Any:
     (OAK-like, in (-0.2, 1]) inputs.
 
     On KeOps ``LazyTensor`` inputs the recurrence is one formula node
-    (:mod:`lazykern.formulas.keops_nodes`), on torch tensors a loop over the last axis; both with
+    (:mod:`lazykern.keops.nodes`), on torch tensors a loop over the last axis; both with
     the same hand-written reverse mode (first derivatives only); lazykern's compiler generates the
     KeOps node's loops, in the same order of operations. All of them are tested against one
     specification, ``lazykern.formulas.interactions.elementary_symmetric_reference``.
@@ -138,10 +154,7 @@ def elementary_symmetric(z: Any, max_degree: int) -> Any:
     if _is_traced(z):
         return z.elementary_symmetric(max_degree)
     if _is_lazy(z):
-        from .keops_nodes import ELEMENTARY_SYMMETRIC, register
-
-        register()
-        return z.unary(ELEMENTARY_SYMMETRIC, dimres=max_degree, opt_arg=max_degree)
+        return z.unary(_keops_node("elementary_symmetric"), dimres=max_degree, opt_arg=max_degree)
     return _ElementarySymmetric.apply(z, max_degree)
 
 
@@ -156,7 +169,7 @@ def elementary_symmetric_reference(z: torch.Tensor, max_degree: int) -> torch.Te
 
     Every other implementation is tested against it and its autograd derivative
     (``tests/test_elementary_symmetric.py``, float64): the in-place torch version below with its
-    hand-written reverse mode, KeOps' node (:mod:`lazykern.formulas.keops_nodes`), the loops the C
+    hand-written reverse mode, KeOps' node (:mod:`lazykern.keops.nodes`), the loops the C
     target generates (:mod:`lazykern.cpu.codegen`) and the unrolled blocks of the Triton target
     (:mod:`lazykern.triton.codegen`). The compiled ones compute ``(j - r) * e_r + r * z_j * e_{r-1}``
     times ``1 / j``, the same convex combination in another order of operations: they agree with it
@@ -236,10 +249,7 @@ def _expm1(x: Any) -> Any:
     if _is_traced(x):
         return x.expm1()
     if _is_lazy(x):
-        from .keops_nodes import EXPM1, register
-
-        register()
-        return x.unary(EXPM1)
+        return x.unary(_keops_node("expm1"))
     return torch.expm1(x)
 
 

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from .. import backend, settings
 from ..formulas.ntk import NTKFormula, NTKPart
-from ..keops import padded_size
+from ..keops.session import padded_size
 from .features import batch_bytes
 from .rules import implicit_matmul_macs
 from .terms import Explicit, Implicit, Sparse, Term, index_terms, num_samples

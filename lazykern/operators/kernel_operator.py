@@ -29,8 +29,8 @@ class LazyKernelOperator(KernelLinearOperator):
     r"""The matrix :math:`K_{ij} = k(x^{(1)}_i, x^{(2)}_j)` of a formula, never stored unless it fits.
 
     Matvecs are one lazy reduction of the formula, in O((N + M) D) memory, on the engine
-    :func:`lazykern.backend.engine_for` picks: lazykern's compiled CPU engine for CPU tensors,
-    KeOps on GPUs, the chunked torch engine for small problems (:mod:`lazykern.backend`). When
+    :func:`lazykern.backend.choose_engine` picks (:mod:`lazykern.backend`): lazykern's compiled
+    CPU engine for CPU tensors, KeOps on GPUs, the chunked torch engine for small problems. When
     the N x M matrix fits the dense budget (:class:`lazykern.settings.max_dense_bytes`, per
     device), it is formed once, blockwise, kept in
     :data:`~lazykern.operators.dense_cache.DENSE_CACHE`, and later matvecs use BLAS; gradients
@@ -104,7 +104,8 @@ class LazyKernelOperator(KernelLinearOperator):
     def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor) -> tuple[Tensor | None, ...]:
         if torch.is_grad_enabled():
             return self._differentiable_bilinear_derivative(left_vecs, right_vecs)
-        if self._fused_symmetric_gradient():
+        if self._same_points():
+            # K(X, X): one fused reduction where the chosen engine has one (else None)
             if left_vecs.dim() == 1:
                 left_vecs, right_vecs = left_vecs.unsqueeze(-1), right_vecs.unsqueeze(-1)
             x2 = self.x1 if _one_tensor(self.x1, self.x2) else self.x2
@@ -141,12 +142,10 @@ class LazyKernelOperator(KernelLinearOperator):
         by_tensor = dict(zip(aliases, grads))
         return tuple(by_tensor.pop(id(a), None) for a in args)
 
-    def _fused_symmetric_gradient(self) -> bool:
+    def _same_points(self) -> bool:
+        """Whether both sides hold the same points (K(X, X)), as one tensor or equal ones."""
         x1, x2 = self.x1, self.x2
-        engine = backend.engine_for(self.covar_func, x1, x2, self.tensor_params)
-        # lazykern's own targets fuse any formula they take; KeOps only its symmetric ones
-        fusable = engine in ("cpu", "triton") or (engine == "keops" and getattr(self.covar_func, "symmetric", False))
-        return fusable and (x1 is x2 or (x1.shape == x2.shape and torch.equal(x1, x2)))
+        return x1 is x2 or (x1.shape == x2.shape and torch.equal(x1, x2))
 
     def to_dense(self) -> Tensor:
         """The dense ``(..., N, M)`` matrix: differentiable when gradients are enabled and some

@@ -2,14 +2,15 @@ r"""lazykern's Triton engine: kernel formulas compiled to Triton kernels, for GP
 
 The second target of lazykern's compiler (``lazykern.compiler``): the formula is traced and
 differentiated symbolically exactly as for the CPU engine, the same passes are planned
-(``lazykern.compiler.plan``, ``lazykern.compiler.passes``), and each pass becomes one
+(``lazykern.compiler.plan``, ``lazykern.compiler.driver``), and each pass becomes one
 ``@triton.jit`` kernel (``lazykern.triton.codegen``) over tiles of ``BLOCK_N x BLOCK_M`` pairs,
 generated into a cache folder and imported (``lazykern.triton.build``). Triton ships with
 every CUDA build of torch and needs no CUDA toolkit; ``TRITON_INTERPRET=1`` (set before triton is
 imported) runs the same kernels on CPU tensors, which is how the engine is tested without a GPU.
 
 Functions (same shapes and contracts as :mod:`lazykern.cpu`): :func:`matmul`, :func:`dense`,
-:func:`symmetric_gradients`, :func:`supports` and :func:`available`. Diagonals and gathered
+:func:`symmetric_gradients`, :func:`supports` and :func:`available`; ``ENGINE`` is the engine as
+the chooser lists it. Diagonals and gathered
 entries are not passes over pairs: :func:`lazykern.backend.elementwise` evaluates them, O(N D),
 on any device. Importing this package does not import triton.
 
@@ -22,6 +23,6 @@ Example:
     True
 """
 
-from .reductions import available, dense, matmul, supports, symmetric_gradients
+from .reductions import ENGINE, available, dense, matmul, supports, symmetric_gradients
 
-__all__ = ["available", "dense", "matmul", "supports", "symmetric_gradients"]
+__all__ = ["ENGINE", "available", "dense", "matmul", "supports", "symmetric_gradients"]

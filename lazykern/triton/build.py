@@ -2,11 +2,10 @@ r"""Generated Triton kernels as modules in a cache folder, loaded once per proce
 
 ``@triton.jit`` reads its function's source with :mod:`inspect`, so a generated kernel must live in
 a real file: the source of each :class:`~lazykern.compiler.plan.Reduction` is written to
-``lk_<hash of the source>.py`` in ``<lazykern's KeOps cache folder>/triton-engine``
-(:func:`lazykern.keops_cuda.cache_base`: found without importing keopscore, which must not look for
-CUDA before :func:`lazykern.keops_cuda.configure` has run, and not keyed by CPU flags, which Triton
-does not use; written under a temporary name and renamed into place, so a reader never sees half a
-file) and imported from there. The hash covers the graph, its bindings, the dtype and the generator
+``lk_<hash of the source>.py`` in the Triton engine's folder (``LAZYKERN_TRITON_CACHE``, else
+``$XDG_CACHE_HOME/lazykern/triton-engine``: :func:`lazykern.cache_paths.triton_cache`; not keyed by
+CPU flags, which Triton does not use; written under a temporary name and renamed into place, so a
+reader never sees half a file) and imported from there. The hash covers the graph, its bindings, the dtype and the generator
 itself: a change of the generator never loads a stale kernel. Triton keeps its own cache of
 compiled binaries (``~/.triton``); under ``TRITON_INTERPRET=1`` nothing is
 compiled and the kernels run on CPU tensors.
@@ -19,7 +18,7 @@ import importlib.util
 import os
 import threading
 
-from .. import keops_cuda
+from ..cache_paths import triton_cache
 from ..compiler.plan import Reduction
 from ..compiler.programs import Programs
 from .codegen import generate
@@ -41,8 +40,8 @@ def interpreted() -> bool:
 
 
 def folder() -> str:
-    """The folder of the generated kernel sources."""
-    return os.path.join(keops_cuda.cache_base(), "triton-engine")
+    """The folder of the generated kernel sources (:func:`lazykern.cache_paths.triton_cache`)."""
+    return triton_cache()
 
 
 def load(red: Reduction) -> object:

@@ -2,9 +2,10 @@ r"""The Triton engine's public functions: products, dense blocks and fused gradi
 
 The same compiler as the CPU engine's: each function plans its passes once per structure
 (:mod:`lazykern.compiler.plan`: trace, symbolic derivative, outputs), the autograd side is shared
-(:mod:`lazykern.compiler.passes`), and this module is the Triton target's side of it: buffers in
-the layouts of :mod:`lazykern.triton.codegen` and launches of the kernels
-:mod:`lazykern.triton.build` loads. Shapes follow :mod:`lazykern.backend`: ``x1`` ``(..., N, D1)``,
+(:mod:`lazykern.compiler.driver`), and this module is the Triton target's side of it
+(:data:`TARGET`: buffers in the layouts of :mod:`lazykern.triton.codegen` and launches of the
+kernels :mod:`lazykern.triton.build` loads) and the Triton engine (:data:`ENGINE`). Shapes follow
+:mod:`lazykern.backend`: ``x1`` ``(..., N, D1)``,
 ``x2`` ``(..., M, D2)``, parameters ``(..., 1, K)``, right-hand sides ``(..., M, C)``; batch
 dimensions broadcast. Memory: the inputs, the outputs and one tile of registers per program,
 O((N + M) D); nothing of size N x M exists except a dense block asked for.
@@ -17,20 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import sys
 from typing import Callable, Mapping
 
 import torch
 from torch import Tensor
 
-from ..compiler import passes
-from ..compiler.passes import row_buffer
+from ..compiler import driver
+from ..compiler.driver import Buffer, CompiledEngine, Target, row_buffer
 from ..compiler.plan import Reduction, plannable, unsupported
 from . import build
 
 Formula = Callable[..., object]
 
-__all__ = ["available", "dense", "matmul", "supports", "symmetric_gradients"]
+__all__ = ["ENGINE", "TARGET", "available", "dense", "matmul", "supports", "symmetric_gradients"]
 
 #: Rows and points of one tile. Measured where it is chosen: compiling for sm_90 (H200) on a 2-core
 #: CPU, the d = 26 additive RBF's passes took 7-21 s at 32 x 32 and 29-138 s at 64 x 64 (ptxas unrolls
@@ -68,41 +68,70 @@ def _column_block(c: int) -> int:
     return min(64, max(16, 1 << (max(c, 1) - 1).bit_length()))
 
 
-def inner_buffer(t: Tensor, batch: torch.Size, nb: int) -> tuple[Tensor, int]:
-    """Inner points ``(..., M, W)`` dimension-major, ``(nb', W, M)``: loads along the points are
-    contiguous."""
-    return row_buffer(t.transpose(-1, -2), batch, nb)
+class TritonTarget(Target):
+    """The Triton target: one ``@triton.jit`` kernel per pass (:func:`lazykern.triton.build.load`)
+    over tiles of :data:`BLOCK` x :data:`BLOCK` pairs."""
+
+    title = "lazykern's Triton engine"
+
+    def supports(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
+        return supports(formula, x1, x2, params)
+
+    def unsupported(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> str:
+        if not available():
+            return (
+                f"{self.title} needs the triton package and a CUDA device (or TRITON_INTERPRET=1 "
+                "set before triton is imported, to run on CPU tensors)"
+            )
+        reason = unsupported(formula, x1, x2, params)  # what the formula does that the engine lacks
+        if reason is not None:
+            return f"{self.title} cannot evaluate this formula: {reason}"
+        device = "cpu (TRITON_INTERPRET=1)" if build.interpreted() else "cuda"
+        return (
+            f"{self.title} needs {device} tensors on one device, of one dtype (float32 or float64), "
+            f"with broadcastable batch shapes; got x1 {x1.dtype} on {x1.device}, x2 {x2.dtype} on {x2.device}, "
+            f"params {[(n, p.dtype, tuple(p.shape), str(p.device)) for n, p in params.items()]}"
+        )
+
+    def inner_buffer(self, t: Tensor, batch: torch.Size, nb: int) -> Buffer:
+        """Inner points ``(..., M, W)`` dimension-major, ``(nb', W, M)``: loads along the points are
+        contiguous."""
+        return row_buffer(t.transpose(-1, -2), batch, nb)
+
+    def inner_vectors(self, t: Tensor, batch: torch.Size, nb: int) -> Buffer:
+        """Column arrays over the inner points ``(..., M, C)`` row-major, as ``tl.dot`` reads them."""
+        return row_buffer(t, batch, nb)
+
+    def launch(self, red: Reduction, buffers: dict[str, Buffer], nb: int, n: int, m: int, c: int) -> None:
+        import triton
+        import triton.language as tl
+
+        kernel = build.load(red)
+        roles = red.operands()
+        bc = _column_block(c)
+        column_blocks = triton.cdiv(c, bc) if red.matmul is not None else 1
+        meta = dict(BLOCK_N=BLOCK, BLOCK_M=BLOCK, BLOCK_C=bc, DT=tl.float32 if red.dtype == "float" else tl.float64)
+        if not build.interpreted():
+            # No fused multiply-adds, as the C target (-ffp-contract=off): where a formula cancels (OAK's
+            # terms at a collapsed lengthscale) fused roundings differ enough to overflow an expm1.
+            meta.update(num_warps=NUM_WARPS, enable_fp_fusion=False)
+        grid = (triton.cdiv(n, BLOCK), nb, column_blocks)
+        if n and m and nb and column_blocks:
+            tensors = [buffers[r][0] for r in roles]
+            # Triton launches on the current CUDA device: make it the tensors' (a model on cuda:1).
+            on_device = contextlib.nullcontext() if build.interpreted() else torch.cuda.device(tensors[0].device)
+            with on_device:
+                kernel[grid](*tensors, *[buffers[r][1] for r in roles], n, m, c, **meta)
+        else:  # no pairs (or no columns): every sum is zero
+            for r in roles:
+                if r.startswith("out:"):
+                    buffers[r][0].zero_()
 
 
-def inner_vectors(t: Tensor, batch: torch.Size, nb: int) -> tuple[Tensor, int]:
-    """Column arrays over the inner points ``(..., M, C)`` row-major, as ``tl.dot`` reads them."""
-    return row_buffer(t, batch, nb)
-
-
-def launch(red: Reduction, buffers: dict[str, tuple[Tensor, int]], nb: int, n: int, m: int, c: int) -> None:
-    import triton
-    import triton.language as tl
-
-    kernel = build.load(red)
-    roles = red.operands()
-    bc = _column_block(c)
-    column_blocks = triton.cdiv(c, bc) if red.matmul is not None else 1
-    meta = dict(BLOCK_N=BLOCK, BLOCK_M=BLOCK, BLOCK_C=bc, DT=tl.float32 if red.dtype == "float" else tl.float64)
-    if not build.interpreted():
-        # No fused multiply-adds, as the C target (-ffp-contract=off): where a formula cancels (OAK's
-        # terms at a collapsed lengthscale) fused roundings differ enough to overflow an expm1.
-        meta.update(num_warps=NUM_WARPS, enable_fp_fusion=False)
-    grid = (triton.cdiv(n, BLOCK), nb, column_blocks)
-    if n and m and nb and column_blocks:
-        tensors = [buffers[r][0] for r in roles]
-        # Triton launches on the current CUDA device: make it the tensors' (a model on cuda:1).
-        on_device = contextlib.nullcontext() if build.interpreted() else torch.cuda.device(tensors[0].device)
-        with on_device:
-            kernel[grid](*tensors, *[buffers[r][1] for r in roles], n, m, c, **meta)
-    else:  # no pairs (or no columns): every sum is zero
-        for r in roles:
-            if r.startswith("out:"):
-                buffers[r][0].zero_()
+#: The Triton target, as the driver (:mod:`lazykern.compiler.driver`) receives it.
+TARGET = TritonTarget()
+#: The Triton engine, as the chooser (:mod:`lazykern.backend`) lists it.
+ENGINE = CompiledEngine("triton", TARGET)
 
 
 # ---------------------------------------------------------------------------- public API
@@ -126,25 +155,6 @@ def supports(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tens
     return plannable(formula, x1, x2, params)
 
 
-def check_supported(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> None:
-    if supports(formula, x1, x2, params):
-        return
-    if not available():
-        raise ValueError(
-            "lazykern's Triton engine needs the triton package and a CUDA device (or TRITON_INTERPRET=1 "
-            "set before triton is imported, to run on CPU tensors)"
-        )
-    reason = unsupported(formula, x1, x2, params)  # what the formula does that the engine lacks
-    if reason is not None:
-        raise ValueError(f"lazykern's Triton engine cannot evaluate this formula: {reason}")
-    device = "cpu (TRITON_INTERPRET=1)" if build.interpreted() else "cuda"
-    raise ValueError(
-        f"lazykern's Triton engine needs {device} tensors on one device, of one dtype (float32 or float64), "
-        f"with broadcastable batch shapes; got x1 {x1.dtype} on {x1.device}, x2 {x2.dtype} on {x2.device}, "
-        f"params {[(n, p.dtype, tuple(p.shape), str(p.device)) for n, p in params.items()]}"
-    )
-
-
 def matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
     r""":math:`(K V)_{ic} = \sum_j k(x^{(1)}_i, x^{(2)}_j)\, V_{jc}` on the Triton engine, without
     storing :math:`K`, differentiable in ``x1``, ``x2``, ``rhs`` and every parameter.
@@ -161,7 +171,8 @@ def matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor
         ...     out = matmul(StationaryFormula("rbf"), x, x, {}, torch.ones(20, 2, dtype=torch.float64))
         ...     assert out.shape == (20, 2)
     """
-    return passes.matmul(sys.modules[__name__], formula, x1, x2, params, rhs)
+    driver.require_support(TARGET, formula, x1, x2, params)
+    return driver.matmul(TARGET, formula, x1, x2, params, rhs)
 
 
 def dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
@@ -180,7 +191,8 @@ def dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]
         ...     K = dense(StationaryFormula("rbf"), x, x, {})
         ...     assert torch.allclose(K.diagonal(), torch.ones(20, dtype=torch.float64))
     """
-    return passes.dense(sys.modules[__name__], formula, x1, x2, params)
+    driver.require_support(TARGET, formula, x1, x2, params)
+    return driver.dense(TARGET, formula, x1, x2, params)
 
 
 def symmetric_gradients(
@@ -201,4 +213,5 @@ def symmetric_gradients(
         >>> if supports(StationaryFormula("rbf"), x, x, {}):
         ...     assert symmetric_gradients(StationaryFormula("rbf"), x, {}, v, v)[0].shape == (20, 3)
     """
-    return passes.symmetric_gradients(sys.modules[__name__], formula, x, params, left, right)
+    driver.require_support(TARGET, formula, x, x, params)
+    return driver.symmetric_gradients(TARGET, formula, x, params, left, right)

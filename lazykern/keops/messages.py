@@ -53,7 +53,7 @@ def silenced() -> Iterator[None]:
     """KeOps' messages go nowhere inside this block (``lazykern``'s commands without ``--verbose``).
 
     Example:
-        >>> from lazykern import keops_messages
+        >>> from lazykern.keops import messages as keops_messages
         >>> with keops_messages.silenced():
         ...     pass
     """
@@ -73,7 +73,7 @@ def verbose() -> Iterator[None]:
     (``lazykern``'s commands with ``--verbose``).
 
     Example:
-        >>> from lazykern import keops_messages
+        >>> from lazykern.keops import messages as keops_messages
         >>> with keops_messages.verbose():
         ...     pass
     """

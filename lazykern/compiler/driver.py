@@ -1,4 +1,4 @@
-r"""Which passes a product, a dense block and the fused symmetric gradient run, on any target.
+r"""The driver of compiled reductions: the passes of a product, a dense block and a fused gradient, on any target.
 
 The forward and backward passes of :math:`Y = K V` (:math:`\bar Y` the incoming gradient):
 
@@ -13,31 +13,28 @@ The forward and backward passes of :math:`Y = K V` (:math:`\bar Y` the incoming 
 A dense block :math:`K` has the same two backward passes with the weights read from the incoming
 gradient matrix :math:`G` (``"gradA-pair"``, ``"gradB-pair"``); :math:`K(x, x)` of one tensor takes
 one pass weighted by :math:`G` and :math:`G^\top` (``"sym-pair"``). Each pass is planned by
-:func:`lazykern.compiler.plan.program`; which passes run, and how their outputs become the
+``lazykern.compiler.plan.program``; which passes run, and how their outputs become the
 gradients autograd expects, is decided here, once for every target.
 
-A *target* is a module of a compiled engine (:mod:`lazykern.cpu.reductions`,
-:mod:`lazykern.triton.reductions`) with four functions, looked up at call time; the buffers every
-pass reads and writes are set up here, in the row-major layouts of :func:`row_buffer`, except the
-inner side, which each target lays out its own way:
+A *target* (:class:`Target`) is the device side of a compiled engine (``lazykern.cpu.reductions.TARGET``,
+``lazykern.triton.reductions.TARGET``), handed to the driver explicitly; the buffers every pass
+reads and writes are set up here, in the row-major layouts of ``row_buffer``, except the inner
+side, which each target lays out its own way. Its hooks are :class:`Target`'s methods:
+``inner_buffer`` and ``inner_vectors`` (the inner side's layout) and ``launch`` (run one pass);
+``supports`` and ``unsupported`` say what it evaluates. :class:`CompiledEngine` is a target as an
+engine (:class:`lazykern.engine.Engine`): the C and Triton engines are two instances of it.
 
-* ``check_supported(formula, x1, x2, params)``: raise ``ValueError`` naming what the target cannot evaluate;
-* ``inner_buffer(t, batch, nb)`` and ``inner_vectors(t, batch, nb)``: the buffer and batch stride
-  of the inner points ``(..., M, W)`` and of a column array over them ``(..., M, C)``;
-* ``launch(red, buffers, nb, n, m, c)``: run the pass ``red`` over ``nb`` batches of ``n`` x ``m``
-  pairs and ``c`` columns, on buffers named by :meth:`~lazykern.compiler.plan.Reduction.operands`.
-
-Second derivatives (``create_graph=True``) come from the torch engine's row blocks
-(:func:`lazykern.torch_engine.vjp`) on every target: the derivative of a gradient pass is another
+Second derivatives (``create_graph=True``) come from the row blocks every engine shares
+(:func:`lazykern.row_blocks.vjp`) on every target: the derivative of a gradient pass is another
 reduction with other weights.
 
 Example:
     >>> import torch
-    >>> from lazykern.cpu import reductions
+    >>> from lazykern.cpu.reductions import TARGET
     >>> from lazykern.formulas import StationaryFormula
     >>> x = torch.randn(30, 2, dtype=torch.float64, requires_grad=True)
     >>> v = torch.randn(30, 1, dtype=torch.float64)
-    >>> matmul(reductions, StationaryFormula("rbf"), x, x, {}, v).sum().backward()
+    >>> matmul(TARGET, StationaryFormula("rbf"), x, x, {}, v).sum().backward()
     >>> x.grad.shape
     torch.Size([30, 2])
 """
@@ -45,18 +42,58 @@ Example:
 from __future__ import annotations
 
 import functools
-from types import ModuleType
 from typing import Callable, Mapping
 
 import torch
 from torch import Tensor
 
-from .. import torch_engine
-from .plan import DTYPES, param_spec, program
+from .. import row_blocks
+from ..engine import Engine, Gradients
+from .plan import DTYPES, Reduction, param_spec, program
 
 Formula = Callable[..., object]
 
-__all__ = ["dense", "matmul", "symmetric_gradients"]
+__all__ = ["CompiledEngine", "Target", "dense", "matmul", "require_support", "symmetric_gradients"]
+
+Buffer = tuple[Tensor, int]  # a pass's operand: base tensor and batch stride
+
+
+class Target:
+    """The device side of a compiled engine: what it evaluates, its inner-side layout, its launches.
+
+    Attributes:
+        title: the engine as error messages name it (``"lazykern's CPU engine"``).
+    """
+
+    title: str = ""
+
+    def supports(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
+        """Whether the target evaluates ``formula`` on these tensors (nothing is compiled)."""
+        raise NotImplementedError
+
+    def unsupported(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> str:
+        """Why :meth:`supports` is false, one sentence for a ``ValueError``."""
+        raise NotImplementedError
+
+    def inner_buffer(self, t: Tensor, batch: torch.Size, nb: int) -> Buffer:
+        """The buffer and batch stride of the inner points ``(..., M, W)``."""
+        raise NotImplementedError
+
+    def inner_vectors(self, t: Tensor, batch: torch.Size, nb: int) -> Buffer:
+        """The buffer and batch stride of a column array over the inner points ``(..., M, C)``."""
+        raise NotImplementedError
+
+    def launch(self, red: Reduction, buffers: dict[str, Buffer], nb: int, n: int, m: int, c: int) -> None:
+        """Run the pass ``red`` over ``nb`` batches of ``n`` x ``m`` pairs and ``c`` columns, on
+        buffers named by :meth:`~lazykern.compiler.plan.Reduction.operands`."""
+        raise NotImplementedError
+
+
+def require_support(target: Target, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> None:
+    """Raise ``ValueError`` naming what ``target`` cannot evaluate (the public functions of the
+    targets' packages check; the engine chooser has checked already)."""
+    if not target.supports(formula, x1, x2, params):
+        raise ValueError(target.unsupported(formula, x1, x2, params))
 
 
 def batch_shape(*tensors: Tensor) -> torch.Size:
@@ -104,7 +141,7 @@ def named_grads(
 
 
 # ---------------------------------------------------------------------------- the passes
-def _forward_matmul(target: ModuleType, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
+def _forward_matmul(target: Target, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
                     rhs: Tensor) -> Tensor:
     """``K @ rhs``, ``(*batch, N, C)``."""
     batch = batch_shape(x1, x2, rhs, *params.values())
@@ -123,7 +160,7 @@ def _forward_matmul(target: ModuleType, formula: Formula, x1: Tensor, x2: Tensor
     return out[0]
 
 
-def _forward_dense(target: ModuleType, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
+def _forward_dense(target: Target, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
     """The dense ``(*batch, N, M)`` block."""
     batch = batch_shape(x1, x2, *params.values())
     nb = batch.numel()
@@ -140,7 +177,7 @@ def _forward_dense(target: ModuleType, formula: Formula, x1: Tensor, x2: Tensor,
     return out[0]
 
 
-def _grad_pass(target: ModuleType, formula: Formula, job: str, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
+def _grad_pass(target: Target, formula: Formula, job: str, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
                want: tuple[str, ...], batch: torch.Size,
                vecs: dict[str, list]) -> tuple[Tensor | None, Tensor | None, dict[str, Tensor]]:
     r"""One backward pass: the gradient of its outer input, the product :math:`K^\top \bar Y` (or
@@ -188,11 +225,11 @@ def _differentiable_backward(ctx, inputs: tuple[Tensor, ...], grad_out: Tensor) 
 
     The compiled passes give first derivatives only; the derivative of a gradient pass is another
     reduction with other weights, so these come from the torch engine's row blocks, differentiable
-    to any order (:func:`lazykern.torch_engine.vjp`): exact, and one block in memory at a time."""
+    to any order (:func:`lazykern.row_blocks.vjp`): exact, and one block in memory at a time."""
     needs = ctx.needs_input_grad[3:]
     if len(inputs) > 2 + len(ctx.names):  # a product: autograd's order is x1, x2, rhs, *parameters
         needs = (needs[0], needs[1], *needs[3:], needs[2])
-    return torch_engine.vjp(ctx.formula, ctx.names, inputs, needs, grad_out)
+    return row_blocks.vjp(ctx.formula, ctx.names, inputs, needs, grad_out)
 
 
 class _Matmul(torch.autograd.Function):
@@ -279,11 +316,10 @@ class _Dense(torch.autograd.Function):
 
 
 def matmul(
-    target: ModuleType, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor
+    target: Target, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor
 ) -> Tensor:
     r""":math:`K(x_1, x_2)\, V` on ``target``, differentiable in ``x1``, ``x2``, ``rhs`` and every
     parameter (the contract of :func:`lazykern.cpu.matmul`; ``rhs`` ``(..., M, C)`` or ``(M,)``)."""
-    target.check_supported(formula, x1, x2, params)
     vector = rhs.dim() == 1
     if vector:
         rhs = rhs.unsqueeze(-1)
@@ -301,20 +337,18 @@ def _check_like(name: str, t: Tensor, x: Tensor) -> None:
         raise ValueError(f"{name} must be a tensor of dtype {x.dtype} on {x.device}, got {t.dtype} on {t.device}")
 
 
-def dense(target: ModuleType, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
+def dense(target: Target, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
     """The ``(..., N, M)`` matrix on ``target``, differentiable in ``x1``, ``x2`` and every parameter
     (the contract of :func:`lazykern.cpu.dense`)."""
-    target.check_supported(formula, x1, x2, params)
     return _Dense.apply(target, formula, tuple(params), x1, x2, *params.values())
 
 
 def symmetric_gradients(
-    target: ModuleType, formula: Formula, x: Tensor, params: Mapping[str, Tensor], left: Tensor, right: Tensor
+    target: Target, formula: Formula, x: Tensor, params: Mapping[str, Tensor], left: Tensor, right: Tensor
 ) -> tuple[Tensor | None, dict[str, Tensor | None]]:
     r"""The gradients of :math:`\sum_{ij} \langle l_i, r_j\rangle\, k(x_i, x_j)` for ``x`` (both
     occurrences) and each parameter requiring grad, in one pass (job ``"sym"``) on ``target``
     (the contract of :func:`lazykern.cpu.symmetric_gradients`)."""
-    target.check_supported(formula, x, x, params)
     _check_like("left", left, x)
     _check_like("right", right, x)
     want = (("x",) if x.requires_grad else ()) + tuple(n for n, p in params.items() if p.requires_grad)
@@ -326,3 +360,37 @@ def symmetric_gradients(
     gx, _, grads = _grad_pass(target, formula, "sym", x, x, params, want, batch, vecs)
     values = _param_grads(params, grads, batch)
     return _input_grad(gx, x, batch), dict(zip(params, values))
+
+
+class CompiledEngine(Engine):
+    """A compiled target as an engine (:class:`lazykern.engine.Engine`): products, dense blocks and
+    the fused symmetric gradient of any formula the target supports, through this driver.
+
+    Args:
+        name: the engine's name in :class:`lazykern.settings.engine`.
+        target: its device side.
+    """
+
+    def __init__(self, name: str, target: Target) -> None:
+        self.name, self.target = name, target
+
+    def supports(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
+        return self.target.supports(formula, x1, x2, params)
+
+    def matmul(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
+        return matmul(self.target, formula, x1, x2, params, rhs)
+
+    def dense(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
+        return dense(self.target, formula, x1, x2, params)  # subnormals flushed in the compiled pass
+
+    def fuses_symmetric_gradient(self, formula: Formula) -> bool:
+        return True  # any formula the target takes
+
+    def symmetric_gradients(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
+                            left: Tensor, right: Tensor) -> Gradients | None:
+        # The compiled pass sums both occurrences of x: distinct tensors asking for their own
+        # shares take the generic path.
+        if x1 is not x2 and (x1.requires_grad or x2.requires_grad):
+            return None
+        grad, grads = symmetric_gradients(self.target, formula, x1, params, left, right)
+        return grad, None, grads

@@ -1,4 +1,4 @@
-r"""The one place lazykern talks to KeOps: wrapping tensors, compile flags, cache folder, lock.
+r"""lazykern's KeOps compile session: wrapping tensors, compile flags, cache folder, lock.
 
 KeOps compiles every distinct reduction with ``g++`` the first time it runs. lazykern compiles its
 own reductions with faster flags than KeOps' defaults, into a cache folder of their own, without
@@ -66,13 +66,14 @@ import platform
 import re
 import sys
 import threading
-import warnings
-from importlib import metadata
 from typing import Any, Iterator
 
 from torch import Tensor
 
-from .cpu.build import cpu_model
+from ..cache_paths import KEOPS_CACHE_ENV, cpu_model
+from . import discovery
+from .health import require
+from .versions import PATCHED_VERSIONS, VERSION_PROBLEM
 
 __all__ = [
     "FAST_FLAGS",
@@ -84,16 +85,15 @@ __all__ = [
     "loaded_reductions",
     "padded_size",
     "VERSION_PROBLEM",
+    "CACHE_ENV",
+    "FLAGS_ENV",
 ]
-
-#: ``major.minor`` versions of pykeops and keopscore whose internals :func:`keops_session` hooks.
-PATCHED_VERSIONS = ("2.3",)
 
 #: Extra ``g++`` flags for lazykern's KeOps reductions on x86-64 Linux (see the module docstring).
 FAST_FLAGS = "-march=native -fno-math-errno -fno-trapping-math -D__FAST_MATH__ -include math.h"
 
 FLAGS_ENV = "LAZYKERN_KEOPS_FLAGS"
-CACHE_ENV = "LAZYKERN_KEOPS_CACHE"
+CACHE_ENV = KEOPS_CACHE_ENV  # named with the other engines' folders, in lazykern.cache_paths
 
 # Key added to a KeOps reduction's optional flags; its value is the reduction's extra compile flags.
 _MARK = "lazykern_cpp_flags"
@@ -107,36 +107,6 @@ _install_lock = threading.Lock()
 _installed = False
 
 
-def _version_problem(versions: dict[str, str | None]) -> str | None:
-    """Why lazykern must leave KeOps alone with these installed versions (``None``: it need not)."""
-    bad = {name: v for name, v in versions.items() if v is None or ".".join(v.split(".")[:2]) not in PATCHED_VERSIONS}
-    if not bad:
-        return None
-    found = ", ".join(f"{name} {v or '(not installed)'}" for name, v in bad.items())
-    return (
-        f"lazykern.keops hooks private internals of pykeops/keopscore {'/'.join(PATCHED_VERSIONS)}.x, found {found}: "
-        "lazykern's reductions compile with KeOps' own flags into KeOps' own cache folder"
-    )
-
-
-def _installed_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {}
-    for name in ("pykeops", "keopscore"):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
-
-
-#: Why lazykern's KeOps hooks are off (installed pykeops/keopscore versions they were not verified
-#: on), or ``None`` when they are on. Read from the package metadata: importing pykeops itself is
-#: slow and chatty.
-VERSION_PROBLEM = _version_problem(_installed_versions())
-if VERSION_PROBLEM is not None:
-    warnings.warn(VERSION_PROBLEM, RuntimeWarning, stacklevel=2)
-
-
 def keops_lazy_tensor(t: Tensor):
     """``t`` as a KeOps ``LazyTensor`` (made contiguous, as KeOps requires).
 
@@ -147,6 +117,9 @@ def keops_lazy_tensor(t: Tensor):
     """
     from pykeops.torch import LazyTensor
 
+    from .nodes import register
+
+    register()  # lazykern's own nodes, before any formula can write their names
     return LazyTensor(t.contiguous())
 
 
@@ -253,6 +226,9 @@ def _install() -> None:
             generic_red.get_optional_flags = get_optional_flags
             for key in list(keops_binder):
                 keops_binder[key] = _LazykernLoader(keops_binder[key], lazykern_builds=key == "cpp")
+            # A GPU loader registered later (lazykern's CUDA discovery builds KeOps' NVRTC engine
+            # late) is wrapped the same way.
+            discovery.gpu_loader_hook = lambda loader: _LazykernLoader(loader, lazykern_builds=False)
         _installed = True
 
 
@@ -278,18 +254,6 @@ def loaded_reductions() -> int:
     return count
 
 
-def hooked_gpu_loader(loader: Any) -> Any:
-    """KeOps' GPU loader as lazykern's hooks would have wrapped it, for a GPU loader registered
-    after :func:`keops_session` first installed them (:mod:`lazykern.keops_cuda` builds KeOps'
-    NVRTC engine late): wrapped once the hooks are installed, as it is before.
-
-    Example:
-        >>> hooked_gpu_loader(None) is None or callable(hooked_gpu_loader(None))
-        True
-    """
-    return _LazykernLoader(loader, lazykern_builds=False) if _installed else loader
-
-
 class _LazykernLoader:
     """Stands in for a KeOps loader (``keops_binder["cpp"]`` or ``["nvrtc"]``). On the CPU,
     reductions carrying lazykern's mark are built with lazykern's flags in lazykern's folder, under
@@ -303,8 +267,6 @@ class _LazykernLoader:
 
     def __call__(self, *args: Any) -> Any:
         if not self._lazykern_builds:  # the GPU loader: KeOps' health check (a subprocess) first
-            from .keops_cuda import require
-
             require(args[4])  # generic_red passes (tagCPUGPU, tag1D2D, tagHostDevice, use_ranges, device_id, ...)
         options = args[-1]
         flags = options.get(_MARK) if (self._lazykern_builds and isinstance(options, dict)) else None

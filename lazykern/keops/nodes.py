@@ -8,8 +8,10 @@ whatever the number of dimensions and interaction orders, and costs O(D R) per p
 ``Expm1``, gives the orthogonalized kernels a difference of exponentials without cancellation.
 
 :func:`register` makes the nodes known to keopscore (the namespace in which KeOps evaluates formula
-strings); :mod:`lazykern.formulas.interactions` calls it before building a ``LazyTensor`` that uses
-them. The node names carry a version number: a change of the generated code must change the name,
+strings) and their names to the formulas (``lazykern.formulas.interactions.KEOPS_NODES``, which
+write a node's name into a ``LazyTensor``'s formula without importing KeOps);
+:func:`lazykern.keops.keops_lazy_tensor` calls it before making any ``LazyTensor``. The node
+names carry a version number: a change of the generated code must change the name,
 because KeOps caches compiled formulas by their text (``Expm1`` is named after the C function it
 calls, which does not change).
 """
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import importlib
 import threading
+
+from ..formulas import interactions
 
 from keopscore.formulas.Operation import Operation
 from keopscore.formulas.VectorizedScalarOp import VectorizedScalarOp
@@ -186,4 +190,5 @@ def register() -> None:
             namespace[ELEMENTARY_SYMMETRIC] = ElementarySymmetric
             namespace[_GRADIENT] = ElementarySymmetricGrad
             namespace[EXPM1] = Expm1
+        interactions.KEOPS_NODES.update(elementary_symmetric=ELEMENTARY_SYMMETRIC, expm1=EXPM1)
         _registered = True
