@@ -4,11 +4,11 @@
 all D orders, built and initialized by :func:`lazykern.regression.build_model`), or ``oak``, on N
 standard normal points with D = 26 (the UCI ``pol`` width), float32, under
 ``gpytorch.settings.max_cholesky_size(N)``: the kernel matrix is built densely
-(``lazykern.backend.pairwise_dense``) and its gradient flows back through the dense build. One step
+(``lazykern.backend.pairwise_dense``) and its gradient flows back through the dense native. One step
 is ``-mll(model(x), y)`` and its ``backward()``.
 
 Each engine runs in a fresh subprocess: one untimed step (compiles, if any; their seconds are
-reported from ``lazykern.cpu.build.compile_log``), then ``--repeats`` timed steps; the median wall
+reported from ``lazykern.native.compile_log``), then ``--repeats`` timed steps; the median wall
 and CPU seconds are reported with the load average. The machine may be shared: compare the ratio of
 one run, not absolute numbers. ``auto`` is the default engine (lazykern's CPU engine where it
 supports the formula); ``torch`` is the torch row-block engine, which ``auto`` fell back to for
@@ -42,7 +42,7 @@ def _step_worker(kernel_name: str, n: int, d: int, engine: str, repeats: int) ->
     import torch
 
     from lazykern import settings
-    from lazykern.cpu import build
+    from lazykern import native
     from lazykern.regression import build_model
 
     gen = torch.Generator().manual_seed(0)
@@ -59,7 +59,7 @@ def _step_worker(kernel_name: str, n: int, d: int, engine: str, repeats: int) ->
             loss.backward()
 
     step()  # compiles, if any
-    compiles = [s for _, s in build.compile_log]
+    compiles = [s for _, s in native.compile_log]
     walls, cpus = [], []
     for _ in range(repeats):
         wall, cpu = time.perf_counter(), time.process_time()

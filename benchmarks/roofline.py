@@ -187,16 +187,16 @@ def _maker(method: str, dtype_name: str, c: int, n: int, data: str):
 def child(spec: dict) -> dict:
     import torch
 
-    from lazykern.cpu import build
+    from lazykern import native
 
     n, repeats = spec["n"], spec["repeats"]
     if spec["method"] == "paired":
         return paired(spec)
     make = _maker(spec["method"], spec["dtype"], spec["c"], n, spec["data"])
-    compiled_before = len(build.compile_log)
+    compiled_before = len(native.compile_log)
     make(WARMUP_POINTS)()  # compiles, lazy imports
     record = _timed(make(n), repeats)
-    record["engine_compiles_in_warmup"] = build.compile_log[compiled_before:]
+    record["engine_compiles_in_warmup"] = native.compile_log[compiled_before:]
     record["threads"] = torch.get_num_threads()
     return record
 
@@ -256,7 +256,8 @@ def paired(spec: dict) -> dict:
 def compile_times(dtype: str) -> list[dict]:
     """Seconds to compile each engine pass of every stationary formula (d = 26), in an empty cache."""
     from lazykern.compiler.plan import program
-    from lazykern.cpu import build
+    from lazykern import native
+    from lazykern.cpu import reductions
     from lazykern.formulas import StationaryFormula
     from lazykern.formulas.stationary import MATERN_NUS
 
@@ -272,9 +273,9 @@ def compile_times(dtype: str) -> list[dict]:
                     "backward x2 + rhs": ("gradB", ("x", "rhs")), "symmetric gradient": ("sym", names)}
             for label, (job, want) in jobs.items():
                 red = program(formula, job, D, D, pspec, ctype, want)
-                before = len(build.compile_log)
-                build.load(red)
-                name, seconds = build.compile_log[before]
+                before = len(native.compile_log)
+                reductions.load(red)
+                name, seconds = native.compile_log[before]
                 rows.append({"formula": f"{family}{'' if nu is None else nu}-{'additive' if additive else 'full'}",
                              "pass": label, "compile_s": round(seconds, 3)})
     return rows

@@ -42,6 +42,7 @@ from . import cpu, settings, torch_engine
 from . import triton as triton_engine  # (imports no triton until a kernel runs)
 from .engine import Engine
 from .keops.engine import ENGINE as KEOPS
+from .structured import ENGINE as STRUCTURED
 from .row_blocks import row_blocks, rows_per_chunk
 
 Formula = Callable[..., object]
@@ -49,7 +50,11 @@ Formula = Callable[..., object]
 CPU, TRITON, TORCH = cpu.ENGINE, triton_engine.ENGINE, torch_engine.ENGINE
 #: The engines by name (:class:`lazykern.settings.engine`'s values besides ``"auto"``): the one
 #: table :func:`choose_engine` picks from.
-ENGINES: dict[str, Engine] = {engine.name: engine for engine in (CPU, KEOPS, TRITON, TORCH)}
+ENGINES: dict[str, Engine] = {engine.name: engine for engine in (CPU, KEOPS, TRITON, TORCH, STRUCTURED)}
+
+#: ``"auto"`` gives the structured engine the formulas it takes once both sides have this many
+#: points: below it a pair engine's N x M work costs less than sorting and walking.
+STRUCTURED_MIN_POINTS = 128
 
 __all__ = [
     "ENGINES",
@@ -71,7 +76,10 @@ def choose_engine(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str,
     current :class:`lazykern.settings.engine`.
 
     ``"auto"``: the torch engine for formulas that declare a ``pair_width`` (matrix products, best
-    left to BLAS); else the CPU engine for CPU tensors it supports (:func:`lazykern.cpu.supports`;
+    left to BLAS); else, for CPU tensors with at least :data:`STRUCTURED_MIN_POINTS` points on both
+    sides, the structured engine where it takes the formula (:mod:`lazykern.structured`: first-order
+    additive Matérn and RBF terms, O((N + M) d) per product); else the CPU engine for CPU tensors it
+    supports (:func:`lazykern.cpu.supports`;
     it compiles in about a second and beats the torch engine's row blocks at any size); else, when
     both sides have at least :class:`lazykern.settings.keops_min_size` points (a GPU compile costs
     seconds), KeOps, on a CUDA device only where it passes its health check
@@ -103,6 +111,8 @@ def choose_engine(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str,
         return ENGINES[choice]
     if hasattr(formula, "pair_width"):
         return TORCH
+    if min(n, m) >= STRUCTURED_MIN_POINTS and STRUCTURED.supports(formula, x1, x2, params):
+        return STRUCTURED
     if CPU.supports(formula, x1, x2, params):
         return CPU
     threshold = settings.keops_min_size.value()
@@ -183,7 +193,7 @@ def engine_report(device: torch.device | str | None = None) -> str:
 
     Example:
         >>> print(engine_report("cpu"))  # doctest: +ELLIPSIS
-        cpu: engine 'auto': lazykern's CPU engine for the formulas it compiles...
+        cpu: engine 'auto': the structured engine for first-order additive Matérn and RBF kernels...
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -192,8 +202,9 @@ def engine_report(device: torch.device | str | None = None) -> str:
     if device.type != "cuda":
         if choice != "auto":
             return f"{device}: engine {choice!r} (forced by lazykern.settings.engine)"
-        return (f"{device}: engine 'auto': lazykern's CPU engine for the formulas it compiles, KeOps for the "
-                "others, the torch engine for matrix-product formulas and for fewer than "
+        return (f"{device}: engine 'auto': the structured engine for first-order additive Matérn and RBF "
+                f"kernels from {STRUCTURED_MIN_POINTS} points, lazykern's CPU engine for the formulas it compiles, "
+                "KeOps for the others, the torch engine for matrix-product formulas and for fewer than "
                 f"{settings.keops_min_size.value()} points")
     if not torch.cuda.is_available():
         return f"{device}: no CUDA device visible to torch"
@@ -270,14 +281,17 @@ def _broadcast_rhs(x1: Tensor, rhs: Tensor) -> Tensor:
     return rhs.expand(*batch, *rhs.shape[-2:])
 
 
-def pairwise_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
-    """``K(x1, x2) @ rhs`` without storing K. ``x1``: (..., N, D), ``x2``: (..., M, D), ``rhs``: (..., M, C)."""
+def pairwise_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor,
+                    engine: Engine | None = None) -> Tensor:
+    """``K(x1, x2) @ rhs`` without storing K. ``x1``: (..., N, D), ``x2``: (..., M, D), ``rhs``: (..., M, C);
+    ``engine``: the one :func:`choose_engine` gave the caller for this call, if it asked already."""
     params = _in_name_order(params)
     vector = rhs.dim() == 1
     if vector:
         rhs = rhs.unsqueeze(-1)
     rhs = _broadcast_rhs(x1, rhs)
-    out = choose_engine(formula, x1, x2, params).matmul(formula, x1, x2, params, rhs)
+    engine = engine or choose_engine(formula, x1, x2, params)
+    out = engine.matmul(formula, x1, x2, params, rhs)
     return out.squeeze(-1) if vector else out
 
 
@@ -290,15 +304,17 @@ def dense_matmul(dense: Tensor, rhs: Tensor) -> Tensor:
     return dense @ rhs
 
 
-def pairwise_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
+def pairwise_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
+                   engine: Engine | None = None) -> Tensor:
     """The (..., N, M) kernel matrix, built in row blocks so N x M x D never exists. Entries below
     the normal floating-point range are written as zeros (they would slow LAPACK down tenfold).
+    ``engine``: as for :func:`pairwise_matmul`.
 
     On the compiled engines the whole matrix is one compiled pass (measured on the CPU: as fast as
     one lazy pass); KeOps has no dense output, so its formulas are built by the torch engine's row
     blocks."""
     params = _in_name_order(params)
-    dense = choose_engine(formula, x1, x2, params).dense(formula, x1, x2, params)
+    dense = (engine or choose_engine(formula, x1, x2, params)).dense(formula, x1, x2, params)
     return TORCH.dense(formula, x1, x2, params) if dense is None else dense
 
 

@@ -3,7 +3,7 @@ r"""Where lazykern's engines keep what they build: one folder per engine, each w
 Every engine may import this module (it imports the standard library only, and no engine): the
 folders are named here so that no engine has to ask another where its files go.
 
-* ``LAZYKERN_CPU_CACHE``: the CPU engine's compiled libraries (:mod:`lazykern.cpu.build`), default
+* ``LAZYKERN_CPU_CACHE``: the CPU engine's compiled libraries (:mod:`lazykern.native`), default
   ``$XDG_CACHE_HOME/lazykern/cpu-engine``, i.e. ``~/.cache/lazykern/cpu-engine``;
 * ``LAZYKERN_TRITON_CACHE``: the Triton engine's generated kernel sources
   (``lazykern.triton.build``), default ``$XDG_CACHE_HOME/lazykern/triton-engine``;
@@ -48,7 +48,7 @@ def _lazykern_cache(env: str, name: str) -> str:
 
 def cpu_cache() -> str:
     """The CPU engine's base folder: ``LAZYKERN_CPU_CACHE``, else ``$XDG_CACHE_HOME/lazykern/cpu-engine``
-    (each flag set gets a sub-folder of it, :func:`lazykern.cpu.build.cache_folder`).
+    (each flag set gets a sub-folder of it, :func:`lazykern.native.cache_folder`).
 
     Example:
         >>> os.path.isabs(cpu_cache())

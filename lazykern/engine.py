@@ -41,6 +41,9 @@ class Engine:
     """
 
     name: str = ""
+    #: Whether a product costs less than forming the N x M matrix does (the structured engine's
+    #: O((N + M) d) against O(N M d)): the operators then never store the matrix for products.
+    products_beat_dense: bool = False
 
     def supports(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
         """Whether this engine evaluates ``formula`` on these tensors (nothing is compiled)."""

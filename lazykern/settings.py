@@ -71,7 +71,9 @@ class _Setting:
 class engine(_Setting):
     """Which engine evaluates kernel reductions (matvecs).
 
-    * ``"auto"`` (default): lazykern's compiled CPU engine for CPU tensors it supports; else KeOps
+    * ``"auto"`` (default): the structured engine for the first-order additive kernels it takes
+      (from :data:`lazykern.backend.STRUCTURED_MIN_POINTS` points), lazykern's compiled CPU engine
+      for the other CPU tensors it supports; else KeOps
       (GPUs) when both sides have at least :class:`keops_min_size` points, the chunked torch
       engine below (:func:`lazykern.backend.engine_for` has the whole rule);
     * ``"cpu"``: always lazykern's CPU engine (:mod:`lazykern.cpu`; a ``ValueError`` names what it
@@ -79,14 +81,16 @@ class engine(_Setting):
     * ``"keops"``: always the symbolic KeOps reduction;
     * ``"triton"``: always lazykern's Triton engine (:mod:`lazykern.triton`: CUDA tensors, or CPU
       tensors under ``TRITON_INTERPRET=1``; a ``ValueError`` names what it cannot evaluate);
-    * ``"torch"``: always the chunked torch engine (bounded by :class:`chunk_bytes`).
+    * ``"torch"``: always the chunked torch engine (bounded by :class:`chunk_bytes`);
+    * ``"structured"``: always the structured engine (:mod:`lazykern.structured`: first-order
+      additive kernels of one-dimensional Matérn and RBF terms on CPU tensors, in O((N + M) d)).
 
     All engines evaluate the same formula and agree to rounding. A side with a single point
     runs on the torch engine whatever the setting (KeOps would read it as a parameter).
     """
 
     _default = "auto"
-    _choices = ("auto", "cpu", "keops", "triton", "torch")
+    _choices = ("auto", "cpu", "keops", "triton", "torch", "structured")
 
     @classmethod
     def _validate(cls, value: Any) -> str:

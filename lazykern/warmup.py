@@ -17,7 +17,7 @@ from gpytorch.kernels import Kernel
 
 from . import backend, keops, settings
 from .keops.health import health as keops_health
-from .cpu import build
+from . import native
 from .validation import check_positive_int, check_positive_ints
 
 __all__ = ["precompile", "PrecompileReport"]
@@ -33,7 +33,7 @@ class PrecompileReport(NamedTuple):
 
     Attributes:
         folder: the cache folder holding the programs this call compiled or loaded: the CPU
-            engine's folder (:func:`lazykern.cpu.build.cache_folder`), lazykern's KeOps build folder
+            engine's folder (:func:`lazykern.native.cache_folder`), lazykern's KeOps build folder
             (:func:`lazykern.keops.build_folder`) or, for a kernel on a GPU, KeOps' own build folder;
             the common parent of those the call used (of all of them when it used none).
         compiled: programs compiled by this call (both engines).
@@ -197,11 +197,11 @@ def precompile(
     if device.type == "cuda":  # KeOps' health check first: its probe's compile is not one of the kernel's
         keops_health(device)
     keops_folders = _keops_folders(device)
-    cpu_folder = build.cache_folder()
+    cpu_folder = native.cache_folder()
     watched = [cpu_folder] + [folder for folder, _ in keops_folders]
     keops_before = _keops_programs(keops_folders)
-    compiles_before = len(build.compile_log)
-    cpu_loaded_before, keops_loaded_before = build.loaded_programs(), keops.loaded_reductions()
+    compiles_before = len(native.compile_log)
+    cpu_loaded_before, keops_loaded_before = native.loaded_programs(), keops.loaded_reductions()
 
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(*kernel.batch_shape, _WARMUP_POINTS, dims, generator=generator, dtype=dtype).to(device)
@@ -223,8 +223,8 @@ def precompile(
         backend.dense_matmul(dense.detach(), torch.ones(*dense.shape[:-1], 2, dtype=dtype, device=device))
 
     keops_compiled = len(_keops_programs(keops_folders) - keops_before)
-    compiled = len(build.compile_log) - compiles_before + keops_compiled
-    cpu_loaded = build.loaded_programs() - cpu_loaded_before
+    compiled = len(native.compile_log) - compiles_before + keops_compiled
+    cpu_loaded = native.loaded_programs() - cpu_loaded_before
     keops_loaded = keops.loaded_reductions() - keops_loaded_before
     used = [cpu_folder] if cpu_loaded else []
     if keops_loaded or keops_compiled:

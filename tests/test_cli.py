@@ -398,7 +398,7 @@ def precompile_counts(stderr: str, kernel: str) -> tuple[int, int]:
 
 @pytest.mark.slow
 def test_precompile_compiles_once_then_reads_the_cache(tmp_path):
-    from lazykern.cpu.build import CACHE_ENV as CPU_CACHE_ENV
+    from lazykern.native import CACHE_ENV as CPU_CACHE_ENV
     from lazykern.keops import CACHE_ENV
 
     env = {CACHE_ENV: str(tmp_path), CPU_CACHE_ENV: str(tmp_path / "cpu")}
@@ -429,7 +429,7 @@ def test_precompile_compiles_once_then_reads_the_cache(tmp_path):
 
 @pytest.mark.slow
 def test_first_run_says_it_compiles_then_stays_quiet(tmp_path):
-    from lazykern.cpu.build import CACHE_ENV as CPU_CACHE_ENV
+    from lazykern.native import CACHE_ENV as CPU_CACHE_ENV
     from lazykern.keops import CACHE_ENV
 
     env = {CACHE_ENV: str(tmp_path), CPU_CACHE_ENV: str(tmp_path / "cpu")}

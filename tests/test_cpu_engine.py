@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from lazykern import backend, cpu, settings
-from lazykern.cpu import build
+from lazykern import backend, cpu, native, settings
+from lazykern.cpu import reductions as cpu_reductions
 from lazykern.formulas import GroupFormula, InteractionFormula, StationaryFormula
 from lazykern.formulas.interactions import (
     elementary_symmetric,
@@ -140,8 +140,8 @@ def test_symmetric_gradients_in_one_pass(case, monkeypatch):
     tensors = [x, *used(case, hp)]
     formula, a, _, params = formula_args(case, x, x, hp)
     calls = []
-    load = build.load
-    monkeypatch.setattr(build, "load", lambda red: calls.append(red) or load(red))
+    load = cpu_reductions.load
+    monkeypatch.setattr(cpu_reductions, "load", lambda red: calls.append(red) or load(red))
     gx, gp = cpu.symmetric_gradients(formula, a, params, left, right)
     assert len(calls) == 1  # one pass for x and every parameter
     outputs = [a] + list(params.values())
@@ -601,11 +601,11 @@ def test_compiled_once_per_structure_not_per_value_or_size():
     formula = StationaryFormula("rbf", additive=True)
     x = torch.randn(30, D, dtype=DT)
     cpu.matmul(formula, x, x, {"scales": torch.ones(1, D, dtype=DT)}, torch.ones(30, 1, dtype=DT))
-    before = len(build.compile_log), build.loaded_programs()
+    before = len(native.compile_log), native.loaded_programs()
     for n, c in ((7, 1), (40, 5)):
         y = torch.randn(n, D, dtype=DT)
         cpu.matmul(formula, y, x, {"scales": torch.rand(1, D, dtype=DT)}, torch.ones(30, c, dtype=DT))
-    assert (len(build.compile_log), build.loaded_programs()) == before
+    assert (len(native.compile_log), native.loaded_programs()) == before
 
 
 def test_no_flush_to_zero_after_loading_or_running():
@@ -622,11 +622,11 @@ def test_no_flush_to_zero_after_loading_or_running():
 CHILD = """
 import json, torch
 from lazykern import cpu
-from lazykern.cpu import build
+from lazykern import native
 from lazykern.formulas import StationaryFormula
 x = torch.linspace(-2, 2, 60, dtype=torch.float64).reshape(20, 3)
 out = cpu.matmul(StationaryFormula("matern", nu=1.5), x, x, {}, torch.ones(20, 1, dtype=torch.float64))
-print("RESULT", json.dumps({"out": out.squeeze(-1).tolist(), "compiled": len(build.compile_log)}))
+print("RESULT", json.dumps({"out": out.squeeze(-1).tolist(), "compiled": len(native.compile_log)}))
 """
 
 
@@ -651,21 +651,21 @@ def test_the_engine_has_its_own_settings(monkeypatch, tmp_path):
     (and the engine's do not reach KeOps)."""
     from lazykern import keops
 
-    monkeypatch.delenv(build.FLAGS_ENV, raising=False)
-    monkeypatch.delenv(build.CACHE_ENV, raising=False)
-    flags, folder, keops_flags = build.engine_flags(), build.cache_folder(), keops.compile_flags()
+    monkeypatch.delenv(native.FLAGS_ENV, raising=False)
+    monkeypatch.delenv(native.CACHE_ENV, raising=False)
+    flags, folder, keops_flags = native.engine_flags(), native.cache_folder(), keops.compile_flags()
     monkeypatch.setenv(keops.FLAGS_ENV, "-O1")
     monkeypatch.setenv(keops.CACHE_ENV, str(tmp_path / "keops"))
-    assert (build.engine_flags(), build.cache_folder()) == (flags, folder)
-    assert flags == f"{build.BASE_FLAGS} {build.VECTOR_MATH_FLAGS}"
+    assert (native.engine_flags(), native.cache_folder()) == (flags, folder)
+    assert flags == f"{native.BASE_FLAGS} {native.VECTOR_MATH_FLAGS}"
 
-    monkeypatch.setenv(build.FLAGS_ENV, "  -g   -O1 ")
-    monkeypatch.setenv(build.CACHE_ENV, str(tmp_path / "cpu"))
+    monkeypatch.setenv(native.FLAGS_ENV, "  -g   -O1 ")
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "cpu"))
     monkeypatch.delenv(keops.FLAGS_ENV)
-    assert build.engine_flags() == f"{build.BASE_FLAGS} -g -O1" and keops.compile_flags() == keops_flags
-    assert build.cache_folder().startswith(str(tmp_path / "cpu")) and build.cache_folder() != folder
+    assert native.engine_flags() == f"{native.BASE_FLAGS} -g -O1" and keops.compile_flags() == keops_flags
+    assert native.cache_folder().startswith(str(tmp_path / "cpu")) and native.cache_folder() != folder
     # A compile goes to that folder, with those flags (one tiny library).
-    fn = build.load_source("void lk_settings_probe(double* x) { x[0] = 2 * x[0] + 1; }", "lk_settings_probe",
+    fn = native.load_source("void lk_settings_probe(double* x) { x[0] = 2 * x[0] + 1; }", "lk_settings_probe",
                            [ctypes.c_void_p])
     x = torch.tensor([3.0], dtype=DT)
     fn(x.data_ptr())
@@ -673,7 +673,7 @@ def test_the_engine_has_its_own_settings(monkeypatch, tmp_path):
     assert len(list((tmp_path / "cpu").rglob("lk_*.so"))) == 1 and not (tmp_path / "keops").exists()
 
     monkeypatch.setenv("CXX", "no-such-compiler-lazykern")
-    assert build.compiler() is None
+    assert native.compiler() is None
 
 
 def test_matmul_memory_is_linear_in_n():

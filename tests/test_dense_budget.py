@@ -61,9 +61,9 @@ def dense_calls(monkeypatch) -> list:
     calls: list = []
     original = backend.pairwise_dense
 
-    def spy(formula, x1, x2, params):
+    def spy(formula, x1, x2, params, *engine):
         calls.append((x1.shape[-2], x2.shape[-2]))
-        return original(formula, x1, x2, params)
+        return original(formula, x1, x2, params, *engine)
 
     monkeypatch.setattr(backend, "pairwise_dense", spy)
     return calls

@@ -20,7 +20,7 @@ import torch
 import lazykern
 from lazykern import backend, settings
 from lazykern.keops import session as lk
-from lazykern.cpu import build
+from lazykern import native
 from lazykern.formulas import StationaryFormula
 from lazykern.warmup import precompile
 
@@ -209,7 +209,7 @@ CHILD = textwrap.dedent(
 
 @pytest.mark.slow
 def test_two_processes_compile_concurrently_into_an_empty_cache(tmp_path):
-    env = dict(os.environ, **{lk.CACHE_ENV: str(tmp_path), build.CACHE_ENV: str(tmp_path / "cpu"), "PYKEOPS_VERBOSE": "0"})
+    env = dict(os.environ, **{lk.CACHE_ENV: str(tmp_path), native.CACHE_ENV: str(tmp_path / "cpu"), "PYKEOPS_VERBOSE": "0"})
     env.pop(lk.FLAGS_ENV, None)
     procs = [
         subprocess.Popen([sys.executable, "-c", CHILD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -246,27 +246,27 @@ def test_two_processes_compile_concurrently_into_an_empty_cache(tmp_path):
 TRAIN_AFTER_PRECOMPILE = textwrap.dedent(
     """
     import json, torch
-    from lazykern.cpu import build
+    from lazykern import native
     from lazykern.warmup import precompile
     from lazykern.regression import fit_evaluate, make_kernel
 
     calls = []
     report = precompile(make_kernel("additive-rbf", 3), dtype=torch.float64, on_compile=calls.append)
     again = precompile(make_kernel("additive-rbf", 3), dtype=torch.float64, on_compile=calls.append)
-    after = len(build.compile_log)
+    after = len(native.compile_log)
     x = torch.rand(60, 3, dtype=torch.float64)
     y = torch.sin(4 * x).sum(-1)
     for cholesky in (100, 0):  # the exact path (dense build) and CG (lazy products)
         fit_evaluate(x[:40], y[:40], x[40:], y[40:], kernel="additive-rbf", iters=2, analyze=False,
                      max_cholesky_size=cholesky, progress=False)
     print("RESULT", json.dumps({"report": report._asdict(), "again": again._asdict(), "calls": calls,
-                                "training_compiles": build.compile_log[after:]}))
+                                "training_compiles": native.compile_log[after:]}))
     """
 )
 
 
 def test_precompile_covers_training_on_the_cpu_engine(tmp_path):
-    env = dict(os.environ, **{lk.CACHE_ENV: str(tmp_path), build.CACHE_ENV: str(tmp_path / "cpu")})
+    env = dict(os.environ, **{lk.CACHE_ENV: str(tmp_path), native.CACHE_ENV: str(tmp_path / "cpu")})
     proc = subprocess.run([sys.executable, "-c", TRAIN_AFTER_PRECOMPILE], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

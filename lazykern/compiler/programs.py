@@ -1,6 +1,6 @@
 r"""The programs a target has built in this process, each built once.
 
-A target (:mod:`lazykern.cpu.build`, :mod:`lazykern.triton.build`) keeps one :class:`Programs`
+A target (:mod:`lazykern.native` for C, :mod:`lazykern.triton.build`) keeps one :class:`Programs`
 table by :class:`~lazykern.compiler.plan.Reduction` (or by source text). Reads take no lock; a
 miss takes the table's lock and checks again, so threads asking for the same program at once wait
 for one build instead of each compiling it.

@@ -5,7 +5,7 @@ vectors badly for :math:`d = 26`. This engine traces a formula into an expressio
 (``lazykern.compiler.trace``), differentiates it symbolically (``lazykern.compiler.grad``),
 generates one C loop nest per pass that vectorizes *across pairs* (``lazykern.cpu.codegen``),
 and compiles it once per structure into its own cache folder, under its own settings
-(``LAZYKERN_CPU_FLAGS``, ``LAZYKERN_CPU_CACHE``, ``CXX``: :mod:`lazykern.cpu.build`). It is the C
+(``LAZYKERN_CPU_FLAGS``, ``LAZYKERN_CPU_CACHE``, ``CXX``: :mod:`lazykern.native`). It is the C
 target of lazykern's compiler (``lazykern.compiler``); the GPU target is :mod:`lazykern.triton`.
 
 Functions (same shapes as :mod:`lazykern.backend`): :func:`matmul`, :func:`dense`,

@@ -28,7 +28,7 @@ The loop nest (what makes it fast on a CPU):
   computes on a slow path (a Newton–Girard MLL step at trained pol hyperparameters, 2,000 points,
   float32: 0.92 s with them, 0.62 s flushed), and contribute below the smallest normal number
   (1e-38 in float32, 2e-308 in float64) to sums of order one. ``-ffast-math`` would flush them
-  for the whole process (``crtfastmath.o``, :mod:`lazykern.cpu.build`).
+  for the whole process (``crtfastmath.o``, :mod:`lazykern.native`).
 
 Example:
     >>> from lazykern.compiler.plan import program

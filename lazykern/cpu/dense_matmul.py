@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ..compiler.plan import DTYPES
-from . import build
+from .. import native
 from .reductions import threads
 
 __all__ = ["dense_matmul", "supports_dense_matmul"]
@@ -89,7 +89,7 @@ def supports_dense_matmul(dense: Tensor, rhs: Tensor) -> bool:
         and rhs.shape[-1] >= 2
         and rhs.shape[-2] == dense.shape[-1]
         and torch.broadcast_shapes(dense.shape[:-2], rhs.shape[:-2]) == dense.shape[:-2]
-        and build.compiler() is not None
+        and native.compiler() is not None
     )
 
 
@@ -112,6 +112,6 @@ def dense_matmul(dense: Tensor, rhs: Tensor) -> Tensor:
     k = dense.detach().contiguous()
     vt = rhs.detach().expand(*batch, m, c).mT.contiguous()
     out = dense.new_empty(*batch, n, c)
-    fn = build.load_source(_SOURCE % {"T": DTYPES[dense.dtype]}, "lk_dense_matmul", _ARGTYPES)
+    fn = native.load_source(_SOURCE % {"T": DTYPES[dense.dtype]}, "lk_dense_matmul", _ARGTYPES)
     fn(k.data_ptr(), vt.data_ptr(), out.data_ptr(), batch.numel(), n, m, c, threads(k.numel() * c))
     return out

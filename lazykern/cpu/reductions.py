@@ -2,7 +2,7 @@ r"""The CPU engine's public functions: products, dense blocks and fused gradient
 
 Each function traces the formula once per structure (``lazykern.compiler.trace``), differentiates
 it symbolically where gradients are asked for (``lazykern.compiler.grad``), generates and compiles
-one reduction per pass (``lazykern.cpu.codegen``, ``lazykern.cpu.build``) and runs it on
+one reduction per pass (``lazykern.cpu.codegen``, :mod:`lazykern.native`) and runs it on
 the tensors. Shapes follow :mod:`lazykern.backend`: ``x1`` ``(..., N, D1)``, ``x2``
 ``(..., M, D2)``, parameters ``(..., 1, K)``, right-hand sides ``(..., M, C)``; batch dimensions
 broadcast.
@@ -29,22 +29,33 @@ from torch import Tensor
 from ..compiler import driver
 from ..compiler.driver import Buffer, CompiledEngine, Target, flat_buffer
 from ..compiler.plan import Reduction, plannable, unsupported
-from . import build
+from ..compiler.programs import Programs
+from ..native import compiler, load_source
+from .codegen import generate
 
 Formula = Callable[..., object]
 
-__all__ = ["ENGINE", "TARGET", "matmul", "dense", "symmetric_gradients", "supports", "threads"]
+__all__ = ["ENGINE", "TARGET", "load", "matmul", "dense", "symmetric_gradients", "supports", "threads"]
 
 # Dimension-major rows are padded to a multiple of this many entries (64-byte aligned rows).
 _ALIGN = 16
 #: Pairs (or multiply-adds) per thread at least: see :func:`threads`.
 WORK_PER_THREAD = 1 << 15
 
+_REDUCE_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 6
+_programs = Programs()  # by Reduction: its source is generated once
+
+
+def load(red: Reduction) -> ctypes._CFuncPtr:
+    """The compiled function of ``red`` (generated and compiled on first use, then cached on disk
+    and in memory: :func:`lazykern.native.load_source`)."""
+    return _programs.get(red, lambda: load_source(generate(red), "lk_reduce", _REDUCE_ARGTYPES))
+
 
 # ---------------------------------------------------------------------------- the C target
 class CTarget(Target):
     """The C target: inner points dimension-major and padded for the vector loops; each pass one
-    compiled C function (:func:`lazykern.cpu.build.load`) called through ``ctypes``."""
+    compiled C function (:func:`load`) called through ``ctypes``."""
 
     title = "lazykern's CPU engine"
 
@@ -75,7 +86,7 @@ class CTarget(Target):
         return self.inner_buffer(t, batch, nb)
 
     def launch(self, red: Reduction, buffers: dict[str, Buffer], nb: int, n: int, m: int, c: int) -> None:
-        fn = build.load(red)
+        fn = load(red)
         roles = red.operands()
         ptrs = (ctypes.c_void_p * len(roles))(*[buffers[r][0].data_ptr() for r in roles])
         strides = (ctypes.c_int64 * len(roles))(*[buffers[r][1] for r in roles])
@@ -127,7 +138,7 @@ def supports(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tens
 
 @functools.lru_cache(maxsize=1)
 def _platform_ok() -> bool:
-    return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64") and build.compiler() is not None
+    return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64") and compiler() is not None
 
 
 def matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:

@@ -44,7 +44,7 @@ above keep IEEE semantics (no finite-math or reassociation assumptions); inputs 
 finite anyway (:mod:`lazykern.validation`).
 
 **Opt-out and cache.** Environment variables, read at each reduction (of KeOps only: lazykern's
-own CPU engine has its own, ``LAZYKERN_CPU_FLAGS`` and ``LAZYKERN_CPU_CACHE``, :mod:`lazykern.cpu.build`):
+own CPU engine has its own, ``LAZYKERN_CPU_FLAGS`` and ``LAZYKERN_CPU_CACHE``, :mod:`lazykern.native`):
 
 * ``LAZYKERN_KEOPS_FLAGS``: extra compiler flags for lazykern's reductions, replacing
   :data:`FAST_FLAGS` (set it to an empty string for KeOps' default flags);
@@ -138,7 +138,7 @@ def padded_size(n: int) -> int:
 
 def compile_flags() -> str:
     """The extra compiler flags of lazykern's KeOps reductions on the CPU (lazykern's own CPU
-    engine has its own, :func:`lazykern.cpu.build.extra_flags`): ``LAZYKERN_KEOPS_FLAGS`` if set, else
+    engine has its own, :func:`lazykern.native.extra_flags`): ``LAZYKERN_KEOPS_FLAGS`` if set, else
     :data:`FAST_FLAGS` on x86-64 Linux (where they were measured), else none (KeOps' defaults).
 
     Example:

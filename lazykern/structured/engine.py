@@ -49,7 +49,11 @@ def _batched(x1: Tensor, x2: Tensor, scales: Tensor, rhs: Tensor) -> tuple[torch
         return t.expand(*batch, *t.shape[-2:]).reshape(-1, *t.shape[-2:])
 
     f1, f2, fs, fr = flat(x1), None if one_set else flat(x2), flat(scales), flat(rhs)
-    return batch, [(f1[b], f1[b] if one_set else f2[b], fs[b].reshape(-1), fr[b]) for b in range(f1.shape[0])]
+    elements = []
+    for b in range(f1.shape[0]):
+        e1 = f1[b]  # one view for both sides: the sums walk the one set
+        elements.append((e1, e1 if one_set else f2[b], fs[b].reshape(-1), fr[b]))
+    return batch, elements
 
 
 class _Matmul(torch.autograd.Function):
@@ -109,6 +113,7 @@ class StructuredEngine(Engine):
     """
 
     name = "structured"
+    products_beat_dense = True
 
     def supports(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
         return (
@@ -122,6 +127,12 @@ class StructuredEngine(Engine):
         )
 
     def matmul(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
+        if not self.supports(formula, x1, x2, params):
+            raise ValueError(
+                "the structured engine evaluates first-order additive Matérn and RBF kernels "
+                f"(StationaryFormula(additive=True), parameters {{'scales'}}) on CPU tensors; got {formula!r} "
+                f"with parameters {sorted(params)} on {x1.device}"
+            )
         return _Matmul.apply(formula, x1, x2, params["scales"], rhs)
 
     def fuses_symmetric_gradient(self, formula: Formula) -> bool:

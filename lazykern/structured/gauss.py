@@ -42,7 +42,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..cpu.build import load_source
+from ..native import load_source
 
 __all__ = ["gauss_plan", "gauss_sums"]
 

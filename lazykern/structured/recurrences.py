@@ -52,7 +52,7 @@ import ctypes
 import torch
 from torch import Tensor
 
-from ..cpu.build import load_source
+from ..native import load_source
 
 __all__ = ["MATERN_POLYNOMIALS", "matern_sums"]
 

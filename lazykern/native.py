@@ -1,12 +1,13 @@
-r"""Compile generated reductions with a C compiler into a cache folder and load them with ``ctypes``.
+r"""lazykern's C toolchain: compile C sources with a C compiler into a cache folder and load them with ``ctypes``.
 
-One shared library per ``Reduction`` (``lazykern.compiler.plan``), named by a hash of its generated
-source (so the expression graph, its bindings and outputs, the dtype, and the generator itself), in
-the folder :func:`cache_folder` gives for the engine's whole flag set, compiler and CPU model (a
-shared cache never serves one CPU's code to another). Parameter *values* are runtime arguments,
-never part of the key.
+The engines that run C on the CPU share it: the CPU engine's generated reductions
+(:mod:`lazykern.cpu`) and the structured engine's fixed sources (:mod:`lazykern.structured`). One
+shared library per source, named by a hash of the source (so, for a generated reduction, the
+expression graph, its bindings and outputs, the dtype, and the generator itself), in the folder
+:func:`cache_folder` gives for the whole flag set, compiler and CPU model (a shared cache never
+serves one CPU's code to another). Parameter *values* are runtime arguments, never part of the key.
 
-The engine's settings are its own, read at each compile (KeOps' ``LAZYKERN_KEOPS_*`` variables
+The settings are lazykern's own, read at each compile (KeOps' ``LAZYKERN_KEOPS_*`` variables
 govern only lazykern's KeOps reductions, :mod:`lazykern.keops`):
 
 * ``LAZYKERN_CPU_FLAGS``: extra compiler flags, replacing :data:`VECTOR_MATH_FLAGS` (an empty
@@ -36,13 +37,12 @@ import shutil
 import subprocess
 import time
 
-from ..cache_paths import CPU_CACHE_ENV, cpu_cache, cpu_model
-from ..compiler.programs import Programs
-from .codegen import Reduction, generate
+from .cache_paths import CPU_CACHE_ENV, cpu_cache, cpu_model
+from .compiler.programs import Programs
 
 __all__ = [
     "BASE_FLAGS", "VECTOR_MATH_FLAGS", "FLAGS_ENV", "CACHE_ENV", "cache_folder", "compiler",
-    "engine_flags", "extra_flags", "load", "load_source", "loaded_programs", "compile_log",
+    "engine_flags", "extra_flags", "load_source", "loaded_programs", "compile_log",
 ]
 
 #: Flags of every reduction, before :func:`extra_flags`. ``-O2``: the loops that
@@ -64,7 +64,7 @@ FLAGS_ENV = "LAZYKERN_CPU_FLAGS"
 CACHE_ENV = CPU_CACHE_ENV  # named with the other engines' folders, in lazykern.cache_paths
 
 _LOCK_TIMEOUT_S = 1800
-_programs = Programs()  # by Reduction, or by source text
+_programs = Programs()  # by source text
 
 #: (library name, seconds) of each compile this process ran, for reports and benchmarks.
 compile_log: list[tuple[str, float]] = []
@@ -133,16 +133,9 @@ def loaded_programs() -> int:
     return len(_programs)
 
 
-_REDUCE_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 6
-
-
-def load(red: Reduction) -> ctypes._CFuncPtr:
-    """The compiled function of ``red`` (compiled on first use, then cached on disk and in memory)."""
-    return _programs.get(red, lambda: _load_or_compile(generate(red), "lk_reduce", _REDUCE_ARGTYPES))
-
-
 def load_source(source: str, symbol: str, argtypes: list) -> ctypes._CFuncPtr:
-    """The function ``symbol`` of a fixed C ``source`` (compiled and cached like a reduction)."""
+    """The function ``symbol`` of the C ``source``, compiled on first use, then cached on disk and in
+    memory (``argtypes``: its ``ctypes`` argument types; it returns nothing)."""
     return _programs.get(source, lambda: _load_or_compile(source, symbol, argtypes))
 
 
@@ -175,7 +168,7 @@ def _load_or_compile(source: str, symbol: str, argtypes: list) -> ctypes._CFuncP
 def _compile(source: str, flags: str, lib: str) -> None:
     cxx = compiler()
     if cxx is None:
-        raise RuntimeError("lazykern's CPU engine needs a C compiler on PATH: $CXX, else g++")
+        raise RuntimeError("lazykern's CPU engines need a C compiler on PATH: $CXX, else g++")
     src = lib[:-3] + ".c"
     tmp_src, tmp_lib = f"{lib[:-3]}.{os.getpid()}.tmp.c", f"{lib}.{os.getpid()}.tmp"
     with open(tmp_src, "w") as f:
