@@ -45,7 +45,7 @@ class ProjectedAdditiveKernel(WeightedTermsKernel):
     unless it fits :class:`lazykern.settings.max_dense_bytes`), and gradients reach :math:`W`, the
     scales and the base kernel's hyperparameters. A product costs :math:`O(N^2 J)`.
 
-    The directions (the columns of :attr:`projections`):
+    The directions (the columns of ``projections``):
 
     * ``"rpa"`` (random projections): unit vectors, independent standard Gaussian vectors, each divided by its
       length (directions uniform on the unit sphere), drawn from a generator seeded with ``seed``
@@ -68,13 +68,14 @@ class ProjectedAdditiveKernel(WeightedTermsKernel):
         num_dims: number of input dimensions :math:`d`.
         num_projections: number of projections :math:`J`.
         projections: ``"dpa"``, ``"rpa"`` or a :math:`d \times J` float tensor of directions.
-        learn_projections: train :math:`W` (:attr:`projections` is then an ``nn.Parameter``; else a
+        learn_projections: train :math:`W` (``projections`` is then an ``nn.Parameter``; else a
             buffer, saved with the model and moved with ``.to()``, but not trained).
         seed: seed of the RPA and DPA directions.
 
-    The scales :math:`s_j` (:attr:`component_scales`, learned, positive) start at :math:`1/J`, so the
-    kernel starts as the paper's average of the projected kernels (for a base kernel with
-    :math:`k(x, x) = 1`, :math:`k(x, x) = 1`); wrap it in ``ScaleKernel`` for an output scale.
+    The scales :math:`s_j` (:attr:`~lazykern.kernels.base.WeightedTermsKernel.component_scales`,
+    learned, positive) start at :math:`1/J`, so the kernel starts as the paper's average of the
+    projected kernels (:math:`k(x, x) = 1`, as for each base kernel); wrap it in ``ScaleKernel`` for
+    an output scale.
 
     Example:
         >>> import torch, gpytorch, lazykern
