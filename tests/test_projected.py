@@ -4,7 +4,7 @@
   one-dimensional terms from ``tests/reference.py``) and against ``AdditiveStructureKernel`` of the
   same base on the projected inputs: values and gradients (W, scales, base hyperparameters), through
   ``kernel(X)`` and ``kernel(X, Z)`` with a batch shape, on the torch engine, lazykern's CPU
-  engine and with default settings, float64, relative error <= 1e-12;
+  engine and with default settings (and one case forced on KeOps), float64, relative error <= 1e-12;
 * gradcheck on a tiny case (inputs, directions, scales, lengthscale);
 * GPyTorch's ``BaseKernelTestCase``;
 * the directions: RPA seeded and reproducible, DPA deterministic and more spread than RPA;
@@ -152,6 +152,23 @@ def test_equals_dense_reference_and_additive_kernel_on_projections(family, ard, 
             assert_close(actual, theirs, rtol=1e-12)
         with mode(engine), torch.no_grad():
             assert_close(kernel(b, diag=True), dense_reference(kernel, b, b, diag=True), rtol=1e-12)
+
+
+@pytest.mark.slow
+def test_keops_products_and_gradients_equal_the_dense_reference():
+    """KeOps runs the same additive formula on the J projected columns (J = 3 and two right-hand
+    sides, float64: the reduction test_kernels.py compiles for the additive RBF kernel)."""
+    kernel = make_projected("rbf", ard=True, batch_shape=torch.Size())
+    g = torch.Generator().manual_seed(2)
+    x, z = (torch.randn(n, D, generator=g, dtype=F64) for n in (9, 6))
+    rhs, weights = torch.randn(6, 2, generator=g, dtype=F64), torch.randn(9, 2, generator=g, dtype=F64)
+    with settings.engine("keops"), settings.max_dense_bytes(0):
+        out = kernel(x, z) @ rhs
+        grads = torch.autograd.grad((out * weights).sum(), list(kernel.parameters()))
+    expected = dense_reference(kernel, x, z) @ rhs
+    assert_close(out, expected, rtol=1e-12)
+    for actual, want in zip(grads, torch.autograd.grad((expected * weights).sum(), list(kernel.parameters()))):
+        assert_close(actual, want, rtol=1e-12)
 
 
 @pytest.mark.parametrize("engine", ["torch", "cpu"])
