@@ -36,7 +36,8 @@ _SUBMODULES = (
 _FROM = {
     "kernels": (
         "AdditiveStructureKernel", "GroupAdditiveKernel", "MaternKernel", "NewtonGirardAdditiveKernel",
-        "OrthogonalAdditiveKernel", "PeriodicKernel", "ProductKernel", "RBFKernel", "RQKernel",
+        "OrthogonalAdditiveKernel", "PeriodicKernel", "ProductKernel", "ProjectedAdditiveKernel", "RBFKernel",
+        "RQKernel",
     ),
     "operators": ("LazyKernelOperator", "as_scipy"),
     "warmup": ("precompile",),  # the function; its module is lazykern.warmup
@@ -54,6 +55,7 @@ __all__ = [
     "OrthogonalAdditiveKernel",
     "PeriodicKernel",
     "ProductKernel",
+    "ProjectedAdditiveKernel",
     "RBFKernel",
     "RQKernel",
     "as_scipy",

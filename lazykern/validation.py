@@ -243,3 +243,65 @@ def check_index_groups(name: str, groups: object) -> tuple[tuple[int, ...], ...]
         if not indices or len(set(group)) != len(group):
             raise ValueError(f"{message}, got group {group!r}")
     return tuple(tuple(group) for group in groups)
+
+
+def check_term_hyperparameters(base_kernel: object, num_terms: int | None, *, terms_name: str, term: str) -> None:
+    """The base kernel of a sum of one-dimensional terms must have its lengthscale (and period)
+    shared, or one per term (``num_terms`` of them, the value of the argument ``terms_name``).
+
+    Example:
+        >>> import gpytorch
+        >>> check_term_hyperparameters(gpytorch.kernels.RBFKernel(ard_num_dims=3), 4,
+        ...                            terms_name="num_projections", term="projection")
+        Traceback (most recent call last):
+        ValueError: base_kernel.lengthscale has 3 entries: use ard_num_dims=None (shared) or ard_num_dims=num_projections=4 (one per projection)
+    """
+    for name in ("lengthscale", "period_length"):
+        value = getattr(base_kernel, name, None)
+        if value is not None and value.shape[-1] not in (1, num_terms):
+            raise ValueError(
+                f"base_kernel.{name} has {value.shape[-1]} entries: use ard_num_dims=None (shared) "
+                f"or ard_num_dims={terms_name}={num_terms} (one per {term})"
+            )
+
+
+def check_flag(name: str, value: object) -> bool:
+    """``value`` must be ``True`` or ``False`` (not a truthy number or string).
+
+    Example:
+        >>> check_flag("learn_projections", 1)
+        Traceback (most recent call last):
+        TypeError: learn_projections must be True or False, got 1
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_projections(name: str, value: object, num_dims: int, num_projections: int, *, choices: tuple) -> str | Tensor:
+    """``value`` must name a construction in ``choices`` or be a finite float tensor of shape
+    ``num_dims x num_projections`` (one projection direction per column, none of them zero).
+    Returns the name, or the tensor detached and copied (the caller's tensor is never kept).
+
+    Example:
+        >>> check_projections("projections", torch.ones(3, 2), 3, 4, choices=("rpa", "dpa"))
+        Traceback (most recent call last):
+        ValueError: projections must have shape (num_dims, num_projections) = (3, 4), got (3, 2)
+    """
+    if isinstance(value, str):
+        return check_choice(name, value, choices)
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be one of {choices} or a torch.Tensor, got {type(value).__name__}")
+    if value.dtype not in _FLOATS:
+        raise TypeError(f"{name} must be float32 or float64, got {value.dtype}")
+    if tuple(value.shape) != (num_dims, num_projections):
+        raise ValueError(
+            f"{name} must have shape (num_dims, num_projections) = ({num_dims}, {num_projections}), "
+            f"got {tuple(value.shape)}"
+        )
+    if not bool(torch.isfinite(value).all()):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    zero = (value == 0).all(dim=0).nonzero().flatten().tolist()
+    if zero:
+        raise ValueError(f"{name} has all-zero columns {zero}: each column is the direction of one projection")
+    return value.detach().clone()

@@ -33,6 +33,7 @@ FACTORIES = {
     "OrthogonalAdditiveKernel": lambda: lazykern.OrthogonalAdditiveKernel(D, 2),
     "GroupAdditiveKernel": lambda: lazykern.GroupAdditiveKernel(lazykern.RBFKernel(), [(0, 1), (1, 2)]),
     "ProductKernel": lambda: lazykern.RBFKernel() * lazykern.PeriodicKernel(),
+    "ProjectedAdditiveKernel": lambda: lazykern.ProjectedAdditiveKernel(lazykern.RBFKernel(), D, 4),
 }
 
 

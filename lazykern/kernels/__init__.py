@@ -5,6 +5,7 @@ from .additive_structure import AdditiveStructureKernel
 from .base_kernels import MaternKernel, PeriodicKernel, RBFKernel, RQKernel
 from .combination import ProductKernel
 from .interactions import GroupAdditiveKernel, NewtonGirardAdditiveKernel, OrthogonalAdditiveKernel
+from .projected import ProjectedAdditiveKernel
 
 __all__ = [
     "AdditiveStructureKernel",
@@ -14,6 +15,7 @@ __all__ = [
     "OrthogonalAdditiveKernel",
     "PeriodicKernel",
     "ProductKernel",
+    "ProjectedAdditiveKernel",
     "RBFKernel",
     "RQKernel",
 ]

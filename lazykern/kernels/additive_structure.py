@@ -64,11 +64,21 @@ class AdditiveStructureKernel(WeightedTermsKernel):
                          component_scales=component_scales, component_scales_constraint=component_scales_constraint)
 
     def formula_arguments(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        x1_, x2_, tensor_params = formula_inputs(self.base_kernel, x1, x2)
-        # Per-dimension scales, so that fixed and learned scales run the same compiled formula.
-        scales = self.component_scales.to(x1_.dtype)
-        tensor_params["scales"] = scales.expand(*scales.shape[:-1], x1.shape[-1])
-        return x1_, x2_, tensor_params
+        return additive_formula_arguments(self, x1, x2)
+
+
+def additive_formula_arguments(
+    kernel: WeightedTermsKernel, x1: Tensor, x2: Tensor
+) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """The arguments of the additive formula (one term per column of ``x1`` and ``x2``, weighted by
+    ``kernel.component_scales``) for the base kernel of ``kernel``: what
+    :class:`AdditiveStructureKernel` passes for its inputs and
+    :class:`~lazykern.kernels.ProjectedAdditiveKernel` for the projections of its inputs."""
+    x1_, x2_, tensor_params = formula_inputs(kernel.base_kernel, x1, x2)
+    # Per-column scales, so that fixed and learned scales run the same compiled formula.
+    scales = kernel.component_scales.to(x1_.dtype)
+    tensor_params["scales"] = scales.expand(*scales.shape[:-1], x1.shape[-1])
+    return x1_, x2_, tensor_params
 
 
 def _implied_num_dims(base_kernel: Kernel, active_dims: tuple[int, ...] | None) -> int | None:

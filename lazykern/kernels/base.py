@@ -15,7 +15,7 @@ from gpytorch.kernels import Kernel
 from torch import Tensor
 
 from ..operators import LazyKernelOperator
-from ..validation import check_kernel_inputs, check_positive_int
+from ..validation import check_kernel_inputs, check_positive_int, check_term_hyperparameters
 from .combination import LazyKernelMixin
 
 __all__ = ["LazyKernel", "WeightedTermsKernel"]
@@ -130,13 +130,7 @@ class WeightedTermsKernel(LazyKernel):
             raise ValueError(
                 f"base_kernel.active_dims must be None: pass active_dims to {type(self).__name__} instead"
             )
-        for name in ("lengthscale", "period_length"):
-            value = getattr(base_kernel, name, None)
-            if value is not None and value.shape[-1] not in (1, num_dims):
-                raise ValueError(
-                    f"base_kernel.{name} has {value.shape[-1]} entries: use ard_num_dims=None (shared) "
-                    f"or ard_num_dims=num_dims={num_dims} (one per dimension)"
-                )
+        check_term_hyperparameters(base_kernel, num_dims, terms_name="num_dims", term="dimension")
         super().__init__(active_dims=active_dims)
         self.base_kernel = base_kernel
         self.num_dims = num_dims
