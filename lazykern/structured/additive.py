@@ -32,7 +32,7 @@ from torch import Tensor
 from .gauss import gauss_sums
 from .recurrences import matern_sums
 
-__all__ = ["SUMS", "gradients", "merged_order", "num_sources", "product"]
+__all__ = ["BLOCK_BYTES", "SUMS", "dimension_blocks", "gradients", "merged_order", "num_sources", "product"]
 
 #: family -> per-dimension sums ``(order, key, num_sources, values, derivative, parameter)``, the
 #: parameter being Matérn's nu or the Gaussian's error bound.
@@ -41,7 +41,7 @@ SUMS = {"matern": matern_sums, "rbf": gauss_sums}
 #: Recent merged orders by the shapes and device of (sources, targets): a training step needs
 #: K(X, Z) and, backward, K(Z, X) (the same shapes when N = M), forward and backward.
 _RECENT: dict[tuple, list[Tensor]] = {}
-_RECENT_PER_SLOT = 4
+_RECENT_PER_SLOT = 8
 _LOCK = threading.Lock()
 
 
@@ -89,10 +89,35 @@ def num_sources(targets: Tensor, sources: Tensor) -> int:
     return -1 if targets is sources else sources.shape[0]
 
 
-def product(family: str, parameter: float, x1: Tensor, x2: Tensor, v: Tensor, scales: Tensor,
-            derivative: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-    r""":math:`\sum_d s_d K_d(x_{1,d}, x_{2,d})\, V` for one batch element, in float64, with the
-    per-dimension sums the gradients need.
+#: Bytes of per-dimension sums held at once: the dimensions are summed in blocks of this size, so
+#: a product over many terms (a projected kernel's hundreds) holds O(N C) of them, not O(N C d).
+BLOCK_BYTES = 32 * 2**20
+
+
+def dimension_blocks(dims: int, rows: int, cols: int, arrays: int) -> list[slice]:
+    """Blocks of dimensions whose ``arrays`` float64 sums of ``(rows, cols)`` each fit
+    :data:`BLOCK_BYTES` (at least one dimension a block).
+
+    Example:
+        >>> dimension_blocks(26, 13500, 12, 2)
+        [slice(0, 12, None), slice(12, 24, None), slice(24, 26, None)]
+    """
+    step = max(1, BLOCK_BYTES // (8 * rows * cols * arrays))
+    return [slice(d, min(d + step, dims)) for d in range(0, dims, step)]
+
+
+def _sums(family: str, parameter: float, targets: Tensor, sources: Tensor, values: Tensor, derivative: bool):
+    """Per block of dimensions, the sums ``(block, a, b)`` of ``values`` at ``sources`` for
+    ``targets`` (one sort for all dimensions, reused from the last call where it still holds)."""
+    key, order = merged_order(targets, sources)
+    m = num_sources(targets, sources)
+    for block in dimension_blocks(key.shape[0], targets.shape[0], values.shape[-1], 2 if derivative else 1):
+        a, b = SUMS[family](order[block], key[block], m, values, derivative, parameter)
+        yield block, a, b
+
+
+def product(family: str, parameter: float, x1: Tensor, x2: Tensor, v: Tensor, scales: Tensor) -> Tensor:
+    r""":math:`\sum_d s_d K_d(x_{1,d}, x_{2,d})\, V` for one batch element, in float64.
 
     Args:
         family: ``"matern"`` or ``"rbf"``.
@@ -102,52 +127,64 @@ def product(family: str, parameter: float, x1: Tensor, x2: Tensor, v: Tensor, sc
         x2: ``(M, D)`` columns, divided by the lengthscales.
         v: ``(M, C)`` right-hand side.
         scales: ``(D,)`` per-dimension scales.
-        derivative: also form :math:`K'_d V`, which the gradient for ``x1`` needs.
-
-    Returns:
-        The ``(N, C)`` product and the ``(D, N, C)`` sums :math:`K_d V` and :math:`K'_d V`
-        (``None`` without ``derivative``).
 
     Example:
         >>> x, v = torch.randn(50, 3, dtype=torch.float64), torch.randn(50, 2, dtype=torch.float64)
         >>> r = (x[:, None, :] - x[None, :, :]).abs()
         >>> dense = ((1 + 3**0.5 * r) * torch.exp(-3**0.5 * r)).sum(-1)
-        >>> out, _, _ = product("matern", 1.5, x, x, v, torch.ones(3), derivative=False)
-        >>> torch.allclose(out, dense @ v, rtol=1e-12)
+        >>> torch.allclose(product("matern", 1.5, x, x, v, torch.ones(3)), dense @ v, rtol=1e-12)
         True
     """
-    key, order = merged_order(x1, x2)
-    a, b = SUMS[family](order, key, num_sources(x1, x2), v, derivative, parameter)
-    return torch.einsum("d,dnc->nc", scales.detach().to(torch.float64), a), a, b
+    s = scales.detach().to(torch.float64)
+    out = torch.zeros(x1.shape[0], v.shape[-1], dtype=torch.float64)
+    for block, a, _ in _sums(family, parameter, x1, x2, v, False):
+        out += torch.einsum("d,dnc->nc", s[block], a)
+    return out
 
 
 def gradients(family: str, parameter: float, x1: Tensor, x2: Tensor, v: Tensor, scales: Tensor, grad: Tensor,
-              a: Tensor, b: Tensor | None, wanted: tuple[bool, bool, bool, bool]) -> list[Tensor | None]:
+              wanted: tuple[bool, bool, bool, bool]) -> list[Tensor | None]:
     r"""The float64 gradients of :math:`\langle G, \sum_d s_d K_d V \rangle` for ``x1``, ``x2``,
-    ``v`` and ``scales`` where ``wanted`` (else ``None``), from :func:`product`'s sums ``a`` and
-    ``b`` (``b`` required when the gradient for ``x1`` is wanted) and one more pass with the sets'
-    roles exchanged (for ``x2`` and ``v``). With ``x1 is x2`` the gradient for the one set is
-    returned as ``x1``'s and ``x2``'s is ``None``."""
+    ``v`` and ``scales`` where ``wanted`` (else ``None``).
+
+    Two sets: one walk as the product's (with the derivative sums :math:`K'_d V` when ``x1``'s
+    gradient is wanted) for ``x1`` and the scales, one with the sets' roles exchanged
+    (:math:`K_d^\top G`, :math:`K'_d{}^\top G`) for ``x2`` and ``v``. One set (``x1 is x2``): one
+    walk with the values :math:`[V, G]`, whose sums give :math:`K'V`, :math:`K'G` and :math:`KV` at
+    once; the gradient for the set is returned as ``x1``'s and ``x2``'s is ``None``.
+    """
     want_x1, want_x2, want_v, want_scales = wanted
-    if x1 is x2:
+    one_set = x1 is x2
+    if one_set:
         want_x1, want_x2 = want_x1 or want_x2, False
-    s, g = scales.detach().to(torch.float64), grad.detach().to(torch.float64)
-    gx1 = gx2 = gv = gs = None
-    if want_scales:
-        gs = torch.einsum("nc,dnc->d", g, a)
-    if want_x1 and x1 is x2:
-        # One walk for both sides: the values [V, G] give K'V and K'G at once.
-        key, order = merged_order(x1, x1)
-        _, both = SUMS[family](order, key, -1, torch.cat([v.detach().to(torch.float64), g], -1), True, parameter)
-        kv, kg = both.split(v.shape[-1], dim=-1)
-        gx1 = (s[:, None] * (torch.einsum("nc,dnc->dn", g, kv) + torch.einsum("nc,dnc->dn", v.detach().double(), kg))).T
-    elif want_x1:
-        gx1 = (s[:, None] * torch.einsum("nc,dnc->dn", g, b)).T
+    s, g, v64 = scales.detach().to(torch.float64), grad.detach().to(torch.float64), v.detach().to(torch.float64)
+    gx1 = torch.zeros(x1.shape, dtype=torch.float64) if want_x1 else None
+    gx2 = torch.zeros(x2.shape, dtype=torch.float64) if want_x2 else None
+    gv = torch.zeros(v.shape, dtype=torch.float64) if want_v else None
+    gs = torch.zeros(scales.shape, dtype=torch.float64) if want_scales else None
+    cols = v.shape[-1]
+    if one_set and (want_x1 or want_v):
+        # K(X, X) is symmetric: K^T G = K G, so [V, G] in one walk serves every gradient.
+        for block, a, b in _sums(family, parameter, x1, x1, torch.cat([v64, g], -1), want_x1):
+            if want_scales:
+                gs[block] = torch.einsum("nc,dnc->d", g, a[..., :cols])
+            if want_v:
+                gv += torch.einsum("d,dnc->nc", s[block], a[..., cols:])
+            if want_x1:
+                kv, kg = b[..., :cols], b[..., cols:]
+                gx1[:, block] = (s[block, None] * (torch.einsum("nc,dnc->dn", g, kv)
+                                                   + torch.einsum("nc,dnc->dn", v64, kg))).T
+        return [gx1, gx2, gv, gs]
+    if want_x1 or want_scales:
+        for block, a, b in _sums(family, parameter, x1, x2, v64, want_x1):
+            if want_scales:
+                gs[block] = torch.einsum("nc,dnc->d", g, a)
+            if want_x1:
+                gx1[:, block] = (s[block, None] * torch.einsum("nc,dnc->dn", g, b)).T
     if want_x2 or want_v:
-        key, order = merged_order(x2, x1)
-        at, bt = SUMS[family](order, key, num_sources(x2, x1), g, want_x2, parameter)
-        if want_v:
-            gv = torch.einsum("d,dmc->mc", s, at)
-        if want_x2:
-            gx2 = (s[:, None] * torch.einsum("mc,dmc->dm", v.detach().to(torch.float64), bt)).T
+        for block, a, b in _sums(family, parameter, x2, x1, g, want_x2):
+            if want_v:
+                gv += torch.einsum("d,dmc->mc", s[block], a)
+            if want_x2:
+                gx2[:, block] = (s[block, None] * torch.einsum("mc,dmc->dm", v64, b)).T
     return [gx1, gx2, gv, gs]

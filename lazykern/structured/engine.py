@@ -2,9 +2,11 @@ r"""The structured engine as the chooser lists it: first-order additive Matérn 
 
 It takes :class:`lazykern.formulas.StationaryFormula` s with ``additive=True`` of the ``"matern"``
 (any half-integer nu) and ``"rbf"`` families on CPU tensors, whose only tensor parameter is the
-per-dimension ``scales`` (the inputs arrive divided by the lengthscales) — what
-``AdditiveStructureKernel(MaternKernel(...))`` and ``AdditiveStructureKernel(RBFKernel())`` build,
-with or without component scales, inside ``ScaleKernel`` or not. Everything else stays on the
+per-dimension ``scales`` (the inputs arrive divided by the lengthscales), alone or
+:class:`~lazykern.formulas.Scaled` by an ``outputscale`` — what ``AdditiveStructureKernel(MaternKernel(...))``
+and ``AdditiveStructureKernel(RBFKernel())`` build, with or without component scales, inside
+``ScaleKernel`` or not (and a projected additive kernel of such terms). The output scale is folded
+into the per-dimension scales in torch, so its gradient is autograd's. Everything else stays on the
 other engines.
 
 Products cost :math:`O((N + M)\, d\, C)` after one sort per dimension
@@ -24,7 +26,7 @@ from torch import Tensor
 
 from .. import row_blocks, settings
 from ..engine import Engine, Formula, Gradients
-from ..formulas import StationaryFormula
+from ..formulas import Scaled, StationaryFormula
 from .additive import gradients, product
 
 __all__ = ["ENGINE", "StructuredEngine"]
@@ -37,6 +39,13 @@ def _parameter(formula: StationaryFormula, dtype: torch.dtype) -> float:
     if formula.family == "matern":
         return formula.nu
     return settings.structured_tolerance.for_dtype(dtype)
+
+
+def _terms(formula: Formula, params: Mapping[str, Tensor]) -> tuple[Formula, Tensor]:
+    """The additive formula and its effective per-dimension scales (an output scale folded in)."""
+    if isinstance(formula, Scaled):
+        return formula.formula, params["outputscale"] * params["scales"]
+    return formula, params["scales"]
 
 
 def _batched(x1: Tensor, x2: Tensor, scales: Tensor, rhs: Tensor) -> tuple[torch.Size, list[tuple]]:
@@ -57,17 +66,15 @@ def _batched(x1: Tensor, x2: Tensor, scales: Tensor, rhs: Tensor) -> tuple[torch
 
 
 class _Matmul(torch.autograd.Function):
+    """Sums only: nothing per dimension is kept for the backward pass, which walks again (walks
+    cost O(N) each, keeping them would cost O(N d C) of memory)."""
+
     @staticmethod
     def forward(ctx, formula, x1, x2, scales, rhs):  # noqa: D102 - autograd protocol
         family, parameter = formula.family, _parameter(formula, rhs.dtype)
         batch, elements = _batched(x1, x2, scales, rhs)
-        derivative = ctx.needs_input_grad[1] and x1 is not x2
-        outs, sums = [], []
-        for e1, e2, es, er in elements:
-            out, a, b = product(family, parameter, e1, e2, er, es, derivative)
-            outs.append(out)
-            sums.append((a, b))
-        ctx.formula, ctx.sums, ctx.one_set = formula, sums, x1 is x2
+        outs = [product(family, parameter, e1, e2, er, es) for e1, e2, es, er in elements]
+        ctx.formula, ctx.one_set = formula, x1 is x2
         ctx.save_for_backward(x1, x2, scales, rhs)
         return torch.stack(outs).reshape(*batch, *outs[0].shape).to(rhs.dtype)
 
@@ -83,8 +90,8 @@ class _Matmul(torch.autograd.Function):
             x2 = x1  # one tensor (autograd's saved copies are distinct objects)
         batch, elements = _batched(x1, x2, scales, rhs)
         grads = grad_out.expand(*batch, *grad_out.shape[-2:]).reshape(-1, *grad_out.shape[-2:])
-        parts = [gradients(family, parameter, e1, e2, er, es, grads[i], *ctx.sums[i],
-                           (wanted[0], wanted[1], wanted[3], wanted[2]))
+        order = (wanted[0], wanted[1], wanted[3], wanted[2])  # gradients() takes x1, x2, v, scales
+        parts = [gradients(family, parameter, e1, e2, er, es, grads[i], order)
                  for i, (e1, e2, es, er) in enumerate(elements)]
         results = []
         for slot, (like, want) in enumerate(((x1, wanted[0]), (x2, wanted[1]), (rhs, wanted[3]), (scales, wanted[2]))):
@@ -116,11 +123,13 @@ class StructuredEngine(Engine):
     products_beat_dense = True
 
     def supports(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
+        scaled = isinstance(formula, Scaled)
+        base = formula.formula if scaled else formula
         return (
-            isinstance(formula, StationaryFormula)
-            and formula.additive
-            and formula.family in _FAMILIES
-            and set(params) == {"scales"}
+            isinstance(base, StationaryFormula)
+            and base.additive
+            and base.family in _FAMILIES
+            and set(params) == ({"scales", "outputscale"} if scaled else {"scales"})
             and x1.device.type == "cpu"
             and x2.device.type == "cpu"
             and x1.shape[-1] == x2.shape[-1]
@@ -130,32 +139,31 @@ class StructuredEngine(Engine):
         if not self.supports(formula, x1, x2, params):
             raise ValueError(
                 "the structured engine evaluates first-order additive Matérn and RBF kernels "
-                f"(StationaryFormula(additive=True), parameters {{'scales'}}) on CPU tensors; got {formula!r} "
+                f"(StationaryFormula(additive=True), parameters {{'scales'}}, optionally Scaled) on CPU tensors; got {formula!r} "
                 f"with parameters {sorted(params)} on {x1.device}"
             )
-        return _Matmul.apply(formula, x1, x2, params["scales"], rhs)
+        base, scales = _terms(formula, params)
+        return _Matmul.apply(base, x1, x2, scales, rhs)
 
     def fuses_symmetric_gradient(self, formula: Formula) -> bool:
         return True
 
     def symmetric_gradients(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
                             left: Tensor, right: Tensor) -> Gradients | None:
-        # The gradients of <L, K R> by this engine's own backward: K R forward, then one walk with
-        # the values [R, L] for the inputs and the forward's sums for the scales.
+        # The gradients of <L, K R> by this engine's own backward: one walk with the values [R, L].
         if x1 is not x2 and (x1.requires_grad or x2.requires_grad):
             return None
-        scales = params["scales"]
         with torch.enable_grad():
             x = x1.detach().requires_grad_(x1.requires_grad)
-            s = scales.detach().requires_grad_(scales.requires_grad)
-            wanted = [t for t in (x, s) if t.requires_grad]
+            leaves = {name: p.detach().requires_grad_(p.requires_grad) for name, p in params.items()}
+            wanted = [t for t in (x, *leaves.values()) if t.requires_grad]
             if not wanted:
-                return None, None, {"scales": None}
-            out = _Matmul.apply(formula, x, x, s, right.detach())
+                return None, None, {name: None for name in params}
+            base, scales = _terms(formula, leaves)
+            out = _Matmul.apply(base, x, x, scales, right.detach())
             grads = iter(torch.autograd.grad(out, wanted, left.detach()))
         grad_x = next(grads) if x.requires_grad else None
-        grad_s = next(grads) if s.requires_grad else None
-        return grad_x, None, {"scales": grad_s}
+        return grad_x, None, {name: next(grads) if p.requires_grad else None for name, p in leaves.items()}
 
 
 ENGINE = StructuredEngine()
