@@ -20,7 +20,7 @@ Usage::
     python benchmarks/structured.py --quick      # N = 2,000 and 13,500 (d = 26), 10^5 and 10^6 (d = 8)
     python benchmarks/structured.py --sizes 2000:26 13500:26 --repeats 3
 
-Writes ``benchmarks/results/structured.json`` and ``.md``.
+Writes ``benchmarks/results/structured.json``, ``.md`` and ``.rst`` (the table for the docs).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -118,7 +117,9 @@ def main() -> None:
                         pair_rate[(family, task)] = result["seconds"] / (n * n * d)
                     records.append({**spec, **result})
                     print(json.dumps(records[-1]), flush=True)
-    meta = {"machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+    from lazykern.cache_paths import cpu_model
+
+    meta = {"machine": cpu_model(), "cores": os.cpu_count(),
             "date": time.strftime("%Y-%m-%d"), "python": platform.python_version(), "command": " ".join(sys.argv)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "records": records}, indent=1) + "\n")
@@ -140,6 +141,14 @@ def main() -> None:
                 lines.append(f"| {family} | {task} | {n:,} | {d} | {cell(s)} | {cell(c)} | {ratio} | "
                              f"{cell(s, 'peak_mb', '{:.0f}')} | {cell(c, 'peak_mb', '{:.0f}')} |")
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    rows = [line.strip("|").split(" | ") for line in lines[6:]]
+    header = ", ".join(f'"{h}"' for h in ("kernel", "task", "N", "d", "structured", "pair engine", "ratio",
+                                           "structured peak MB", "pair peak MB"))
+    rst = [f"Measured {meta['date']} on {meta['machine']} ({meta['cores']} cores) by ``{meta['command']}``: float32 "
+           f"inputs, {COLUMNS} right-hand sides, medians of {args.repeats}, peak RSS above the warmed-up interpreter.",
+           "", ".. csv-table::", f"   :header: {header}", ""]
+    rst += ["   " + ", ".join('"' + cell.strip().replace('"', "'") + '"' for cell in row) for row in rows]
+    args.out.with_suffix(".rst").write_text("\n".join(rst) + "\n")
     print("\n".join(lines))
 
 
