@@ -8,7 +8,7 @@ BoTorch draws posterior sample paths by Matheron's rule (Wilson et al., 2020),
 
 with the prior path :math:`f` a random-feature approximation :math:`f(x) = \phi(x)^\top w`,
 :math:`w \sim \mathcal N(0, I)`, of the kernel. Its feature maps are found by the dispatcher
-:func:`botorch.sampling.pathwise.features.gen_kernel_features`, which knows GPyTorch's RBF, Matérn
+``botorch.sampling.pathwise.features.gen_kernel_features``, which knows GPyTorch's RBF, Matérn
 and ``ScaleKernel`` only. Importing this module registers feature maps for
 
 * lazykern's :class:`~lazykern.kernels.RQKernel` and :class:`~lazykern.kernels.PeriodicKernel`
@@ -339,7 +339,7 @@ def gaussian_update(
     factors :math:`K + \Sigma`.
 
     Registered for ``ExactGP`` models with a Gaussian likelihood when this module is imported, so
-    :func:`botorch.sampling.pathwise.draw_matheron_paths` and everything built on it (Thompson
+    ``botorch.sampling.pathwise.draw_matheron_paths`` and everything built on it (Thompson
     sampling, ``get_optimal_samples``) use it.
 
     Args:
