@@ -13,9 +13,10 @@ and ``ScaleKernel`` only. Importing this module registers feature maps for
 
 * lazykern's :class:`~lazykern.kernels.RQKernel` and :class:`~lazykern.kernels.PeriodicKernel`
   (lazykern's RBF and Matérn kernels subclass GPyTorch's and already use BoTorch's maps);
-* the sums of terms: lazykern's :class:`~lazykern.kernels.AdditiveStructureKernel`,
-  :class:`~lazykern.kernels.GroupAdditiveKernel`, :class:`~lazykern.kernels.NewtonGirardAdditiveKernel`
-  with ``max_degree=1``, and GPyTorch's own ``AdditiveStructureKernel``;
+* the sums of terms: lazykern's :class:`~lazykern.kernels.AdditiveStructureKernel` and
+  :class:`~lazykern.kernels.GroupAdditiveKernel`, and GPyTorch's own ``AdditiveStructureKernel``;
+* all interaction orders of :class:`~lazykern.kernels.NewtonGirardAdditiveKernel`
+  (:func:`order_features`);
 
 and replaces BoTorch's exact Gaussian update for ``ExactGP`` models whose covariance contains a
 lazykern kernel by :func:`gaussian_update`, which solves with conjugate gradients
@@ -49,9 +50,13 @@ relative error of the approximated kernel is then that of a single full-dimensio
 as many features, :math:`O(1/\sqrt{p})`. Lengthscales, periods' scaling and the weights
 :math:`s_t` are read when the map is evaluated, as BoTorch's own maps read theirs.
 
-**Not supported** (each raises a one-line ``NotImplementedError`` naming itself): interaction
-orders above one (:class:`~lazykern.kernels.NewtonGirardAdditiveKernel` with ``max_degree > 1``,
-:class:`~lazykern.kernels.OrthogonalAdditiveKernel`) and :class:`~lazykern.kernels.ProductKernel`.
+Interaction orders are a mixture over subsets of dimensions, each a product of one-dimensional
+kernels: its spectral measure draws a subset, then a frequency per dimension of it
+(:func:`order_features`).
+
+**Not supported** (each raises a one-line ``NotImplementedError`` naming itself):
+:class:`~lazykern.kernels.OrthogonalAdditiveKernel` (its orthogonalised terms are not stationary:
+no spectral measure) and :class:`~lazykern.kernels.ProductKernel`.
 
 Example:
     >>> import torch, gpytorch, lazykern, lazykern.botorch
@@ -111,11 +116,11 @@ from .kernels.base import LazyKernel
 from .kernels.stationary import formula_for
 from .solvers import PivotedCholeskyPreconditioner, cg
 
-__all__ = ["gaussian_update", "term_features"]
+__all__ = ["gaussian_update", "order_features", "term_features"]
 
 _SUPPORTED = (
     "RBF, Matérn, RQ and periodic kernels, AdditiveStructureKernel (lazykern's and GPyTorch's), "
-    "GroupAdditiveKernel and NewtonGirardAdditiveKernel with max_degree=1, inside ScaleKernel"
+    "GroupAdditiveKernel and NewtonGirardAdditiveKernel, inside ScaleKernel"
 )
 
 # Harmonics of a periodic kernel beyond this many standard deviations of K (about sqrt(1/l)) carry
@@ -231,27 +236,98 @@ def term_features(
     pairs_per_term = torch.tensor([pairs // terms + (t < pairs % terms) for t in range(terms)])
     term_of_pair = torch.repeat_interleave(torch.arange(terms), pairs_per_term)
 
-    active_dims = kernel.active_dims
-    num_dims = num_inputs if active_dims is None else len(active_dims)
-    batch = base.batch_shape
-    weight = torch.zeros(batch.numel(), pairs, num_dims, dtype=base.raw_lengthscale.dtype,
-                         device=base.raw_lengthscale.device)
+    num_dims = num_inputs if kernel.active_dims is None else len(kernel.active_dims)
+    weight = _zero_frequencies(base, pairs, num_dims)
     start = 0
     for dims, count in zip(groups, pairs_per_term.tolist()):
         weight[:, start:start + count, list(dims)] = _frequencies(base, dims, num_dims, count)
         start += count
+    return _fourier_map(kernel, base, weight, _TermAmplitudes(kernel, term_weights, term_of_pair, pairs_per_term))
 
+
+def _zero_frequencies(base: Kernel, pairs: int, num_dims: int) -> Tensor:
+    return torch.zeros(base.batch_shape.numel(), pairs, num_dims, dtype=base.raw_lengthscale.dtype,
+                       device=base.raw_lengthscale.device)
+
+
+def _fourier_map(kernel: Kernel, base: Kernel, weight: Tensor, amplitudes: _TermAmplitudes) -> KernelFeatureMap:
+    """BoTorch's feature map :math:`a \odot (\sin, \cos)(W \tilde x)` for frequencies ``weight``
+    ``(batch.numel(), pairs, D)``, with :math:`\tilde x` the selected columns over the lengthscale
+    (periodic: times :math:`2\pi / p`)."""
     if formula_for(base, additive=False).family == "periodic":
         input_transform: TensorTransform = _InversePeriodTransform(base)
     else:
         input_transform = InverseLengthscaleTransform(base)
-    if active_dims is not None:
-        input_transform = ChainedTransform(input_transform, FeatureSelector(indices=active_dims))
-    output_transform = ChainedTransform(
-        _TermAmplitudes(kernel, term_weights, term_of_pair, pairs_per_term), SineCosineTransform()
-    )
-    return KernelFeatureMap(kernel=kernel, weight=weight.reshape(*batch, pairs, num_dims),
-                            input_transform=input_transform, output_transform=output_transform)
+    if kernel.active_dims is not None:
+        input_transform = ChainedTransform(input_transform, FeatureSelector(indices=kernel.active_dims))
+    return KernelFeatureMap(kernel=kernel, weight=weight.reshape(*base.batch_shape, *weight.shape[1:]),
+                            input_transform=input_transform,
+                            output_transform=ChainedTransform(amplitudes, SineCosineTransform()))
+
+
+def order_features(kernel: NewtonGirardAdditiveKernel, num_outputs: int) -> KernelFeatureMap:
+    r"""Random Fourier features of all interaction orders of a
+    :class:`~lazykern.kernels.NewtonGirardAdditiveKernel`, by its spectral measure: the kernel is the
+    mixture
+
+    .. math::
+
+        k(x, x') = \sum_{r=1}^R \sigma_r^2 inom Dr^{-1} \sum_{|S| = r} \prod_{d \in S} s_d\, z_d(x_d, x'_d),
+
+    and a product of one-dimensional stationary kernels over :math:`S` has independent
+    one-dimensional frequencies on :math:`S` (zero elsewhere). Each of the ``num_outputs / 2`` pairs
+    draws an order :math:`r` with probability :math:`\pi_r \propto \sigma_r^2 	ilde e_r(s)` (the
+    hyperparameters when the map is made), a subset :math:`S` of :math:`r` dimensions uniformly,
+    and a frequency per dimension of :math:`S`; its amplitude is the importance weight
+    :math:`\sqrt{\sigma_r^2 \prod_{d \in S} s_d / (\pi_r P)}` with the hyperparameters read when
+    the map is evaluated, so :math:`\Phi \Phi^	op` is an unbiased estimate of the kernel for any
+    hyperparameters (and a good one near those it was made with).
+
+    Args:
+        kernel: the kernel (not an :class:`~lazykern.kernels.OrthogonalAdditiveKernel`, whose terms
+            are not stationary).
+        num_outputs: the number of features, even.
+
+    Example:
+        >>> import torch, lazykern, lazykern.botorch
+        >>> kernel = lazykern.NewtonGirardAdditiveKernel(lazykern.RBFKernel(), num_dims=4, max_degree=3).double()
+        >>> phi = lazykern.botorch.order_features(kernel, num_outputs=8192)
+        >>> x = torch.randn(3, 4, dtype=torch.float64)
+        >>> bool((phi(x) @ phi(x).T - kernel(x).to_dense()).abs().max() < 0.1)
+        True
+    """
+    if num_outputs % 2:
+        raise UnsupportedError(f"{type(kernel).__name__} needs an even number of features, got num_outputs={num_outputs}")
+    pairs, num_dims, base = num_outputs // 2, kernel.num_dims, kernel.base_kernel
+    with torch.no_grad():
+        # Order probabilities from the batch-averaged hyperparameters: sigma_r^2 e_r(s) / C(D, r).
+        scales = kernel.term_scales().reshape(-1, num_dims).mean(0).double()
+        elementary = torch.zeros(kernel.max_degree + 1, dtype=torch.float64)
+        elementary[0] = 1.0
+        for s in scales:
+            elementary[1:] = elementary[1:] + s * elementary[:-1].clone()
+        orders = torch.arange(1, kernel.max_degree + 1)
+        binomials = torch.tensor([math.comb(num_dims, r) for r in orders.tolist()], dtype=torch.float64)
+        mass = kernel.outputscale.reshape(-1, kernel.max_degree).mean(0).double() * elementary[1:] / binomials
+        probability = mass / mass.sum()
+    order_of_pair = torch.multinomial(probability, pairs, replacement=True)  # order - 1
+    # A uniform subset of r dimensions per pair: the r smallest of D uniform keys.
+    ranks = torch.rand(pairs, num_dims).argsort(-1).argsort(-1)
+    member = (ranks <= order_of_pair[:, None]).to(base.raw_lengthscale.dtype)  # (pairs, D)
+    weight = _zero_frequencies(base, pairs, num_dims)
+    for d in range(num_dims):
+        weight[:, :, d] = _frequencies(base, (d,), num_dims, pairs)[:, :, 0]
+    weight = weight * member.to(weight.device)
+    inverse_probability = probability[order_of_pair].reciprocal() / pairs
+
+    def pair_weights(k: NewtonGirardAdditiveKernel) -> Tensor:
+        """sigma_r^2 prod_S s_d / (pi_r P) of each pair, ``(*batch, 1, pairs)``."""
+        subset_products = torch.exp(k.term_scales().log() @ member.to(k.term_scales()).T)
+        order_variances = k.outputscale[..., order_of_pair].unsqueeze(-2)
+        return order_variances * subset_products * inverse_probability.to(subset_products)
+
+    amplitudes = _TermAmplitudes(kernel, pair_weights, torch.arange(pairs), torch.ones(pairs, dtype=torch.long))
+    return _fourier_map(kernel, base, weight, amplitudes)
 
 
 def _num_dims(kernel: Kernel, num_inputs: int) -> int:
@@ -283,12 +359,15 @@ def _features_groups(kernel: GroupAdditiveKernel, *, num_inputs: int, num_output
 
 @GenKernelFeatures.register(NewtonGirardAdditiveKernel)
 def _features_orders(kernel: NewtonGirardAdditiveKernel, *, num_inputs: int, num_outputs: int) -> KernelFeatureMap:
-    if isinstance(kernel, OrthogonalAdditiveKernel) or kernel.max_degree > 1:
+    if isinstance(kernel, OrthogonalAdditiveKernel):
         raise NotImplementedError(
-            f"{type(kernel).__name__} with max_degree={kernel.max_degree} has no random features "
-            f"(interaction orders above 1 and orthogonalised terms are not supported); supported: {_SUPPORTED}"
+            "OrthogonalAdditiveKernel has no random features (its orthogonalised terms are not stationary); "
+            f"supported: {_SUPPORTED}"
         )
-    # Order 1 alone: sigma_1^2 / D times the first-order additive kernel of the weighted terms.
+    if kernel.max_degree > 1:
+        return order_features(kernel, num_outputs)
+    # Order 1 alone is sigma_1^2 / D times the additive kernel of the weighted terms: stratified per
+    # dimension, as the additive kernel (a lower variance than drawing the dimension of each pair).
     num_dims = kernel.num_dims
     return term_features(kernel, kernel.base_kernel, [(d,) for d in range(num_dims)],
                          lambda k: k.term_scales() * k.outputscale[..., :1, None] / num_dims, num_inputs, num_outputs)
