@@ -38,6 +38,7 @@ nitpick_ignore = [
     # Nor a BoTorch inventory: lazykern.botorch's return types stay plain names.
     ("py:class", "botorch.sampling.pathwise.paths.GeneralizedLinearPath"),
     ("py:class", "botorch.sampling.pathwise.features.maps.KernelFeatureMap"),
+    ("py:class", "botorch.sampling.pathwise.features.maps.FeatureMap"),
 ]
 intersphinx_mapping = {
     "python": ("https://docs.python.org/3/", "_inventories/python.inv"),

@@ -16,7 +16,8 @@ and ``ScaleKernel`` only. Importing this module registers feature maps for
 * the sums of terms: lazykern's :class:`~lazykern.kernels.AdditiveStructureKernel` and
   :class:`~lazykern.kernels.GroupAdditiveKernel`, and GPyTorch's own ``AdditiveStructureKernel``;
 * all interaction orders of :class:`~lazykern.kernels.NewtonGirardAdditiveKernel`
-  (:func:`order_features`);
+  (:func:`order_features`) and :class:`~lazykern.kernels.OrthogonalAdditiveKernel`
+  (:class:`OrthogonalFeatureMap`);
 
 and replaces BoTorch's exact Gaussian update for ``ExactGP`` models whose covariance contains a
 lazykern kernel by :func:`gaussian_update`, which solves with conjugate gradients
@@ -52,11 +53,13 @@ as many features, :math:`O(1/\sqrt{p})`. Lengthscales, periods' scaling and the 
 
 Interaction orders are a mixture over subsets of dimensions, each a product of one-dimensional
 kernels: its spectral measure draws a subset, then a frequency per dimension of it
-(:func:`order_features`).
+(:func:`order_features`). The orthogonalised terms of
+:class:`~lazykern.kernels.OrthogonalAdditiveKernel` are not stationary; each of its features
+projects a random cosine onto the functions that integrate to zero under the input measure, in
+closed form (:class:`OrthogonalFeatureMap`).
 
-**Not supported** (each raises a one-line ``NotImplementedError`` naming itself):
-:class:`~lazykern.kernels.OrthogonalAdditiveKernel` (its orthogonalised terms are not stationary:
-no spectral measure) and :class:`~lazykern.kernels.ProductKernel`.
+**Not supported** (raises a one-line ``NotImplementedError`` naming itself):
+:class:`~lazykern.kernels.ProductKernel`.
 
 Example:
     >>> import torch, gpytorch, lazykern, lazykern.botorch
@@ -83,6 +86,7 @@ import scipy.special
 import torch
 from botorch.exceptions.errors import UnsupportedError
 from botorch.sampling.pathwise.features import KernelEvaluationMap, KernelFeatureMap
+from botorch.sampling.pathwise.features.maps import FeatureMap
 from botorch.sampling.pathwise.features.generators import GenKernelFeatures
 from botorch.sampling.pathwise.paths import GeneralizedLinearPath
 from botorch.sampling.pathwise.update_strategies import GaussianUpdate, _gaussian_update_ExactGP
@@ -113,14 +117,15 @@ from .kernels import (
     RQKernel,
 )
 from .kernels.base import LazyKernel
+from .formulas.interactions import orthogonal_rbf_features
 from .kernels.stationary import formula_for
 from .solvers import PivotedCholeskyPreconditioner, cg
 
-__all__ = ["gaussian_update", "order_features", "term_features"]
+__all__ = ["OrthogonalFeatureMap", "gaussian_update", "order_features", "term_features"]
 
 _SUPPORTED = (
     "RBF, Matérn, RQ and periodic kernels, AdditiveStructureKernel (lazykern's and GPyTorch's), "
-    "GroupAdditiveKernel and NewtonGirardAdditiveKernel, inside ScaleKernel"
+    "GroupAdditiveKernel, NewtonGirardAdditiveKernel and OrthogonalAdditiveKernel, inside ScaleKernel"
 )
 
 # Harmonics of a periodic kernel beyond this many standard deviations of K (about sqrt(1/l)) carry
@@ -272,20 +277,20 @@ def order_features(kernel: NewtonGirardAdditiveKernel, num_outputs: int) -> Kern
 
     .. math::
 
-        k(x, x') = \sum_{r=1}^R \sigma_r^2 inom Dr^{-1} \sum_{|S| = r} \prod_{d \in S} s_d\, z_d(x_d, x'_d),
+        k(x, x') = \sum_{r=1}^R \sigma_r^2 \binom Dr^{-1} \sum_{|S| = r} \prod_{d \in S} s_d\, z_d(x_d, x'_d),
 
     and a product of one-dimensional stationary kernels over :math:`S` has independent
     one-dimensional frequencies on :math:`S` (zero elsewhere). Each of the ``num_outputs / 2`` pairs
-    draws an order :math:`r` with probability :math:`\pi_r \propto \sigma_r^2 	ilde e_r(s)` (the
+    draws an order :math:`r` with probability :math:`\pi_r \propto \sigma_r^2 \tilde e_r(s)` (the
     hyperparameters when the map is made), a subset :math:`S` of :math:`r` dimensions uniformly,
     and a frequency per dimension of :math:`S`; its amplitude is the importance weight
     :math:`\sqrt{\sigma_r^2 \prod_{d \in S} s_d / (\pi_r P)}` with the hyperparameters read when
-    the map is evaluated, so :math:`\Phi \Phi^	op` is an unbiased estimate of the kernel for any
+    the map is evaluated, so :math:`\Phi \Phi^\top` is an unbiased estimate of the kernel for any
     hyperparameters (and a good one near those it was made with).
 
     Args:
-        kernel: the kernel (not an :class:`~lazykern.kernels.OrthogonalAdditiveKernel`, whose terms
-            are not stationary).
+        kernel: the kernel (an :class:`~lazykern.kernels.OrthogonalAdditiveKernel`'s terms are not
+            stationary: :class:`OrthogonalFeatureMap` is its map).
         num_outputs: the number of features, even.
 
     Example:
@@ -299,35 +304,141 @@ def order_features(kernel: NewtonGirardAdditiveKernel, num_outputs: int) -> Kern
     if num_outputs % 2:
         raise UnsupportedError(f"{type(kernel).__name__} needs an even number of features, got num_outputs={num_outputs}")
     pairs, num_dims, base = num_outputs // 2, kernel.num_dims, kernel.base_kernel
-    with torch.no_grad():
-        # Order probabilities from the batch-averaged hyperparameters: sigma_r^2 e_r(s) / C(D, r).
-        scales = kernel.term_scales().reshape(-1, num_dims).mean(0).double()
-        elementary = torch.zeros(kernel.max_degree + 1, dtype=torch.float64)
-        elementary[0] = 1.0
-        for s in scales:
-            elementary[1:] = elementary[1:] + s * elementary[:-1].clone()
-        orders = torch.arange(1, kernel.max_degree + 1)
-        binomials = torch.tensor([math.comb(num_dims, r) for r in orders.tolist()], dtype=torch.float64)
-        mass = kernel.outputscale.reshape(-1, kernel.max_degree).mean(0).double() * elementary[1:] / binomials
-        probability = mass / mass.sum()
-    order_of_pair = torch.multinomial(probability, pairs, replacement=True)  # order - 1
-    # A uniform subset of r dimensions per pair: the r smallest of D uniform keys.
-    ranks = torch.rand(pairs, num_dims).argsort(-1).argsort(-1)
-    member = (ranks <= order_of_pair[:, None]).to(base.raw_lengthscale.dtype)  # (pairs, D)
+    subsets = _Subsets(kernel, pairs)
     weight = _zero_frequencies(base, pairs, num_dims)
     for d in range(num_dims):
         weight[:, :, d] = _frequencies(base, (d,), num_dims, pairs)[:, :, 0]
-    weight = weight * member.to(weight.device)
-    inverse_probability = probability[order_of_pair].reciprocal() / pairs
-
-    def pair_weights(k: NewtonGirardAdditiveKernel) -> Tensor:
-        """sigma_r^2 prod_S s_d / (pi_r P) of each pair, ``(*batch, 1, pairs)``."""
-        subset_products = torch.exp(k.term_scales().log() @ member.to(k.term_scales()).T)
-        order_variances = k.outputscale[..., order_of_pair].unsqueeze(-2)
-        return order_variances * subset_products * inverse_probability.to(subset_products)
-
-    amplitudes = _TermAmplitudes(kernel, pair_weights, torch.arange(pairs), torch.ones(pairs, dtype=torch.long))
+    weight = weight * subsets.member.to(weight.device)
+    amplitudes = _TermAmplitudes(kernel, subsets.weights, torch.arange(pairs), torch.ones(pairs, dtype=torch.long))
     return _fourier_map(kernel, base, weight, amplitudes)
+
+
+class _Subsets:
+    r"""The order and subset of dimensions of each of ``count`` features of an interaction kernel
+    :math:`\sum_r \sigma_r^2 \binom Dr^{-1} \sum_{|S|=r} \prod_{d \in S} t_d k_d` (``t`` its
+    ``term_scales()``), drawn with :math:`P(r) = \pi_r \propto \sigma_r^2 \tilde e_r(t)` from the
+    batch-averaged hyperparameters and :math:`S` uniform, and their importance weights."""
+
+    def __init__(self, kernel: NewtonGirardAdditiveKernel, count: int) -> None:
+        num_dims, degree = kernel.num_dims, kernel.max_degree
+        with torch.no_grad():
+            scales = kernel.term_scales().reshape(-1, num_dims).mean(0).double()
+            elementary = torch.zeros(degree + 1, dtype=torch.float64)
+            elementary[0] = 1.0
+            for t in scales:
+                elementary[1:] = elementary[1:] + t * elementary[:-1].clone()
+            binomials = torch.tensor([math.comb(num_dims, r) for r in range(1, degree + 1)], dtype=torch.float64)
+            mass = kernel.outputscale.reshape(-1, degree).mean(0).double() * elementary[1:] / binomials
+            probability = mass / mass.sum()
+        self.order = torch.multinomial(probability, count, replacement=True)  # order - 1
+        # A uniform subset of r dimensions: the r smallest of D uniform keys.
+        ranks = torch.rand(count, num_dims).argsort(-1).argsort(-1)
+        self.member = (ranks <= self.order[:, None]).to(kernel.base_kernel.raw_lengthscale.dtype)  # (count, D)
+        self.inverse_probability = probability[self.order].reciprocal() / count
+
+    def weights(self, kernel: NewtonGirardAdditiveKernel) -> Tensor:
+        r""":math:`\sigma_r^2 \prod_{d \in S} t_d / (\pi_r\, \text{count})` of each feature, with the
+        kernel's hyperparameters now, ``(*batch, 1, count)``."""
+        scales = kernel.term_scales().unsqueeze(-2)  # (*batch, 1, 1, D)
+        # A product, not exp(log @ member): a scale that underflowed to 0 would make that 0 * -inf.
+        member = self.member.to(scales).bool()
+        subset_products = torch.where(member, scales, torch.ones_like(scales)).prod(-1)  # (*batch, 1, count)
+        return kernel.outputscale[..., self.order].unsqueeze(-2) * subset_products * self.inverse_probability.to(scales)
+
+
+class OrthogonalFeatureMap(FeatureMap):
+    r"""Random features of an :class:`~lazykern.kernels.OrthogonalAdditiveKernel`, unbiased:
+    :math:`\mathbb E[\phi(x)^\top \phi(x')] = k(x, x')` exactly.
+
+    In :math:`u = (x - \mu) / \ell` the orthogonalised term is
+    :math:`\tilde k(u, u') = k(u, u') - a(u)\, a(u')`, with :math:`k` the RBF kernel and
+    :math:`a = m / \sqrt v` (:func:`lazykern.formulas.interactions.orthogonal_rbf_features`).
+    If :math:`f \sim GP(0, k)`, then :math:`f - m \langle f, p \rangle / v \sim GP(0, \tilde k)`; for one random feature
+    :math:`\psi(u) = \sqrt2 \cos(\omega u + b)` (:math:`\omega \sim \mathcal N(0, 1)`, :math:`b`
+    uniform) that is
+
+    .. math::
+
+        \tilde\psi(u) = \psi(u) - a(u)\, \frac{\mathbb E_{t \sim p}\, \psi(t)}{\sqrt v}
+        = \sqrt2 \Big[\cos(\omega u + b) - a(u) \cos b\; e^{-\omega^2 \beta / 2} (1 + 2\beta)^{1/4}\Big],
+
+    :math:`\beta = \delta^2 / \ell^2`, and :math:`\mathbb E[\tilde\psi(u) \tilde\psi(u')] = \tilde k(u, u')`
+    (the closed forms of :math:`\mathbb E_p \psi` and :math:`v` make it exact). A feature of
+    the interaction kernel is the product of independent :math:`\tilde\psi_d` over a subset
+    :math:`S` drawn as for :func:`order_features`, times its importance weight, so products of
+    terms need nothing of size :math:`2^D`. Evaluating costs O(n F D) time and O(n F) memory for
+    F features at n points.
+
+    Args:
+        kernel: the kernel.
+        num_outputs: the number of features F.
+
+    Example:
+        >>> import torch, lazykern, lazykern.botorch
+        >>> kernel = lazykern.OrthogonalAdditiveKernel(num_dims=3, max_degree=2).double()
+        >>> phi = lazykern.botorch.OrthogonalFeatureMap(kernel, num_outputs=20000)
+        >>> x = torch.randn(3, 3, dtype=torch.float64)
+        >>> bool((phi(x) @ phi(x).T - kernel(x).to_dense()).abs().max() < 0.1)
+        True
+    """
+
+    def __init__(self, kernel: OrthogonalAdditiveKernel, num_outputs: int) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.subsets = _Subsets(kernel, num_outputs)
+        shape = (kernel.batch_shape.numel(), num_outputs, kernel.num_dims)
+        ref = kernel.base_kernel.raw_lengthscale
+        self.register_buffer("frequency", torch.randn(shape, dtype=ref.dtype, device=ref.device).reshape(
+            *kernel.batch_shape, num_outputs, kernel.num_dims))
+        self.register_buffer("phase", 2 * math.pi * torch.rand_like(self.frequency))
+        self.input_transform = None
+        # The importance weights, read from the kernel when evaluated (BoTorch's ScaleKernel map
+        # chains its outputscale onto this transform).
+        self.output_transform = _ImportanceWeights(kernel, self.subsets)
+
+    @property
+    def num_outputs(self) -> int:
+        """The number of features F."""
+        return self.frequency.shape[-2]
+
+    @property
+    def batch_shape(self) -> Size:
+        """The kernel's batch shape."""
+        return self.kernel.batch_shape
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The features before their importance weights (the output transform applies those),
+        ``(..., n, F)`` for inputs ``(..., n, d)``."""
+        kernel = self.kernel
+        if kernel.active_dims is not None:
+            x = x.index_select(-1, kernel.active_dims)
+        lengthscale = kernel.base_kernel.lengthscale  # (*batch, 1, D)
+        terms = orthogonal_rbf_features(x, lengthscale, kernel.measure_mean, kernel.measure_std)
+        num_dims = kernel.num_dims
+        u, a = terms[..., :num_dims], terms[..., 2 * num_dims:3 * num_dims]  # (..., n, D)
+        beta = (kernel.measure_std / lengthscale) ** 2
+        member = self.subsets.member.to(x).T  # (D, F)
+        product = None
+        for d in range(num_dims):  # one dimension at a time: O(n F) memory
+            omega, phase = self.frequency[..., d].unsqueeze(-2), self.phase[..., d].unsqueeze(-2)  # (*batch, 1, F)
+            mean_of_psi = phase.cos() * torch.exp(-0.5 * omega**2 * beta[..., d:d + 1]) \
+                * (1 + 2 * beta[..., d:d + 1]) ** 0.25
+            psi = math.sqrt(2) * (torch.cos(omega * u[..., d:d + 1] + phase) - a[..., d:d + 1] * mean_of_psi)
+            factor = torch.where(member[d].bool(), psi, torch.ones_like(psi))
+            product = factor if product is None else product * factor
+        return product
+
+
+class _ImportanceWeights(TensorTransform):
+    """Multiplies each feature by the square root of its importance weight (:class:`_Subsets`)."""
+
+    def __init__(self, kernel: NewtonGirardAdditiveKernel, subsets: _Subsets) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.subsets = subsets
+
+    def forward(self, values: Tensor) -> Tensor:
+        return values * self.subsets.weights(self.kernel).sqrt()
 
 
 def _num_dims(kernel: Kernel, num_inputs: int) -> int:
@@ -360,10 +471,7 @@ def _features_groups(kernel: GroupAdditiveKernel, *, num_inputs: int, num_output
 @GenKernelFeatures.register(NewtonGirardAdditiveKernel)
 def _features_orders(kernel: NewtonGirardAdditiveKernel, *, num_inputs: int, num_outputs: int) -> KernelFeatureMap:
     if isinstance(kernel, OrthogonalAdditiveKernel):
-        raise NotImplementedError(
-            "OrthogonalAdditiveKernel has no random features (its orthogonalised terms are not stationary); "
-            f"supported: {_SUPPORTED}"
-        )
+        return OrthogonalFeatureMap(kernel, num_outputs)
     if kernel.max_degree > 1:
         return order_features(kernel, num_outputs)
     # Order 1 alone is sigma_1^2 / D times the additive kernel of the weighted terms: stratified per
