@@ -107,6 +107,7 @@ from gpytorch.models import ExactGP
 from linear_operator.operators import LinearOperator, ZeroLinearOperator
 from torch import Size, Tensor
 
+from .formulas.interactions import orthogonal_rbf_features
 from .kernels import (
     AdditiveStructureKernel,
     GroupAdditiveKernel,
@@ -117,7 +118,6 @@ from .kernels import (
     RQKernel,
 )
 from .kernels.base import LazyKernel
-from .formulas.interactions import orthogonal_rbf_features
 from .kernels.stationary import formula_for
 from .solvers import PivotedCholeskyPreconditioner, cg
 
@@ -167,14 +167,14 @@ def _per_dimension(value: Tensor, batch: Size, num_dims: int) -> Tensor:
     return value.detach().expand(*batch, 1, num_dims).reshape(-1, num_dims)
 
 
-def _harmonics(lengthscale: float, n: int, generator_device: torch.device) -> Tensor:
+def _harmonics(lengthscale: float, n: int, device: torch.device) -> Tensor:
     """``n`` integers drawn with :math:`P(K = k) = e^{-a} I_{|k|}(a)`, :math:`a = 1/\\ell`."""
     a = 1.0 / lengthscale
     top = int(math.ceil(_PERIODIC_TAIL_SDS * math.sqrt(a + 1.0))) + 1
     k = np.arange(-top, top + 1)
     probabilities = torch.as_tensor(scipy.special.ive(np.abs(k), a), dtype=torch.float64)
     draws = torch.multinomial(probabilities, n, replacement=True)
-    return torch.as_tensor(k, device=generator_device)[draws.to(generator_device)]
+    return torch.as_tensor(k, device=device)[draws.to(device)]
 
 
 def _frequencies(base: Kernel, dims: Sequence[int], num_dims: int, n: int) -> Tensor:

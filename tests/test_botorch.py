@@ -202,6 +202,27 @@ def test_cg_update_equals_the_cholesky_update() -> None:
     assert torch.allclose(solved(x), exact(x), rtol=1e-6, atol=1e-8)
 
 
+def test_cg_update_of_a_two_output_model() -> None:
+    """A batched kernel (two outputs) gets one CG solve per output: the same weights as Cholesky's,
+    and its paths have the outputs as a batch dimension."""
+    torch.manual_seed(0)
+    X = torch.rand(30, D, dtype=DTYPE)
+    Y = torch.stack([X.sum(-1), X.prod(-1)], -1)
+    base = lazykern.RBFKernel(ard_num_dims=D, batch_shape=torch.Size([2]))
+    kernel = gpytorch.kernels.ScaleKernel(lazykern.AdditiveStructureKernel(base, num_dims=D, component_scales=True),
+                                          batch_shape=torch.Size([2]))
+    model = SingleTaskGP(X, Y, covar_module=kernel)
+    sample_values = torch.randn(5, 2, 30, dtype=DTYPE)
+    torch.manual_seed(1)
+    exact = _gaussian_update_ExactGP(model, model.likelihood, sample_values=sample_values)
+    torch.manual_seed(1)
+    with gpytorch.settings.max_cholesky_size(0):
+        solved = lazykern.botorch.gaussian_update(model, model.likelihood, sample_values=sample_values, tol=1e-10)
+        paths = draw_matheron_paths(model, sample_shape=torch.Size([4]))
+    assert torch.allclose(solved.weight, exact.weight, rtol=1e-6, atol=1e-8)
+    assert paths(X[:3]).shape == (4, 2, 3)
+
+
 def test_models_without_lazykern_kernels_keep_botorchs_update() -> None:
     model = SingleTaskGP(torch.rand(10, D, dtype=DTYPE), torch.rand(10, 1, dtype=DTYPE))
     with gpytorch.settings.max_cholesky_size(0):
