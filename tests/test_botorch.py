@@ -19,6 +19,7 @@ import lazykern
 import lazykern.botorch  # registers the feature maps and the update
 
 from botorch.acquisition.thompson_sampling import PathwiseThompsonSampling
+from botorch.acquisition.utils import get_optimal_samples
 from botorch.models import SingleTaskGP
 from botorch.optim import optimize_acqf
 from botorch.sampling.pathwise import draw_kernel_feature_paths, draw_matheron_paths
@@ -243,6 +244,15 @@ def test_thompson_sampling_inside_optimize_acqf(name: str) -> None:
     candidate, value = optimize_acqf(acquisition, bounds=bounds, q=1, num_restarts=2, raw_samples=32)
     assert candidate.shape == (1, D) and bool(((candidate >= 0) & (candidate <= 1)).all())
     assert torch.isfinite(value).all()
+
+
+def test_get_optimal_samples() -> None:
+    """The optima of posterior paths (what the information-theoretic acquisitions are built on)."""
+    model = _model(_orthogonal(2))
+    bounds = torch.stack([torch.zeros(D), torch.ones(D)]).to(DTYPE)
+    optima, values = get_optimal_samples(model, bounds=bounds, num_optima=4)
+    assert optima.shape == (4, D) and values.shape == (4, 1)
+    assert bool(((optima >= 0) & (optima <= 1)).all()) and bool(torch.isfinite(values).all())
 
 
 @pytest.mark.parametrize(
