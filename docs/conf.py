@@ -35,6 +35,10 @@ nitpick_ignore = [
     ("py:class", "numpy.ndarray"),
     ("py:class", "sklearn.base.BaseEstimator"),
     ("py:class", "sklearn.base.RegressorMixin"),
+    # Nor a BoTorch inventory: lazykern.botorch's return types stay plain names.
+    ("py:class", "botorch.sampling.pathwise.paths.GeneralizedLinearPath"),
+    ("py:class", "botorch.sampling.pathwise.features.maps.KernelFeatureMap"),
+    ("py:class", "botorch.sampling.pathwise.features.maps.FeatureMap"),
 ]
 intersphinx_mapping = {
     "python": ("https://docs.python.org/3/", "_inventories/python.inv"),

@@ -20,6 +20,28 @@ from .combination import LazyKernelMixin
 
 __all__ = ["LazyKernel", "WeightedTermsKernel"]
 
+#: What :meth:`LazyKernel.extra_repr` shows of a kernel, where the kernel has it: its structure,
+#: then its hyperparameters by value (the constraints are shown by ``torch.nn.Module`` as children).
+_REPR_STRUCTURE = ("num_dims", "active_dims", "groups", "max_degree", "nu", "input_measure")
+_REPR_VALUES = ("lengthscale", "period_length", "alpha", "component_scales", "outputscale")
+#: Longest hyperparameter shown whole; longer ones show their first entries and their shape.
+_REPR_MAX_ENTRIES = 8
+
+
+def _short(value: object) -> str:
+    """A tensor as a rounded list (at most ``_REPR_MAX_ENTRIES`` entries, and its shape where it is
+    batched or cut), anything else as its ``repr``."""
+    if not isinstance(value, Tensor):
+        return repr(value)
+    flat = [float(f"{v:.4g}") if value.is_floating_point() else int(v) for v in value.detach().flatten().tolist()]
+    if value.dim() == 0:
+        return repr(flat[0])
+    # A batch of values (more entries than the last dimension holds) says its shape.
+    shape = f" (shape {tuple(value.shape)})" if len(flat) > value.shape[-1] else ""
+    if len(flat) <= _REPR_MAX_ENTRIES:
+        return f"{flat}{shape}"
+    return f"[{', '.join(map(repr, flat[:_REPR_MAX_ENTRIES]))}, ...] (shape {tuple(value.shape)})"
+
 
 class LazyKernel(LazyKernelMixin, Kernel):
     r"""Base of every lazykern kernel: :meth:`forward` checks the inputs and returns the kernel
@@ -52,6 +74,34 @@ class LazyKernel(LazyKernelMixin, Kernel):
         >>> torch.allclose(dense, kernel(x).to_dense())
         True
     """
+
+    def extra_repr(self) -> str:
+        """What ``repr(kernel)`` shows on its first line: the structure (``num_dims``,
+        ``active_dims``, ``groups``, ``max_degree``, ``nu``, ...) and the hyperparameters' values
+        (lengthscales, periods, ``alpha``, learned component scales, order variances), each where
+        the kernel has it; one hook for every lazykern kernel.
+
+        Example:
+            >>> import lazykern
+            >>> lazykern.AdditiveStructureKernel(lazykern.RBFKernel(), num_dims=3, component_scales=True)
+            AdditiveStructureKernel(
+              num_dims=3, component_scales=[1.0, 1.0, 1.0]
+              (base_kernel): RBFKernel(
+                lengthscale=[0.6931]
+                (raw_lengthscale_constraint): Positive()
+              )
+              (raw_component_scales_constraint): Positive()
+            )
+        """
+        shown = []
+        for name in _REPR_STRUCTURE + _REPR_VALUES:
+            # Fixed unit scales are not a hyperparameter: only learned ones are shown.
+            if name == "component_scales" and not hasattr(self, "raw_component_scales"):
+                continue
+            value = getattr(self, name, None)
+            if value is not None:
+                shown.append(f"{name}={_short(value)}")
+        return ", ".join(shown)
 
     def formula_arguments(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """The inputs as the formula reads them (``(..., N, F)`` and ``(..., M, F)``) and its tensor
