@@ -71,6 +71,14 @@ __all__ = [
 ]
 
 
+def _eager(fn: Callable) -> Callable:
+    """Runs ``fn`` eagerly under ``torch.compile``: engines write into tensors through ``ctypes``,
+    KeOps and Triton calls, which Dynamo cannot trace. Traced inside an autograd function (as
+    ``linear_operator``'s ``Matmul`` calls the operators), the graph break returned a tensor other
+    than the one the C reduction had written: uninitialised memory instead of ``K @ v``."""
+    return torch.compiler.disable(fn, recursive=True)
+
+
 def choose_engine(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Engine:
     """The engine (from :data:`ENGINES`) that evaluates ``formula`` on these tensors under the
     current :class:`lazykern.settings.engine`.
@@ -242,6 +250,7 @@ def fold_columns(vecs: Tensor, batch: torch.Size) -> Tensor | None:
     return folded.reshape(*batch, n, -1)
 
 
+@_eager
 def symmetric_gradients(
     formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], left: Tensor, right: Tensor
 ) -> tuple[Tensor | None, Tensor | None, dict[str, Tensor | None]] | None:
@@ -281,6 +290,7 @@ def _broadcast_rhs(x1: Tensor, rhs: Tensor) -> Tensor:
     return rhs.expand(*batch, *rhs.shape[-2:])
 
 
+@_eager
 def pairwise_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor,
                     engine: Engine | None = None) -> Tensor:
     """``K(x1, x2) @ rhs`` without storing K. ``x1``: (..., N, D), ``x2``: (..., M, D), ``rhs``: (..., M, C);
@@ -295,6 +305,7 @@ def pairwise_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[st
     return out.squeeze(-1) if vector else out
 
 
+@_eager
 def dense_matmul(dense: Tensor, rhs: Tensor) -> Tensor:
     """``dense @ rhs`` for a stored kernel matrix: the CPU engine's few-column product
     (:mod:`lazykern.cpu.dense_matmul`) where it applies and the engine setting allows the CPU
@@ -304,6 +315,7 @@ def dense_matmul(dense: Tensor, rhs: Tensor) -> Tensor:
     return dense @ rhs
 
 
+@_eager
 def pairwise_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
                    engine: Engine | None = None) -> Tensor:
     """The (..., N, M) kernel matrix, built in row blocks so N x M x D never exists. Entries below

@@ -285,7 +285,8 @@ def test_failing_and_hanging_probes_name_their_cause(gpu_stack, monkeypatch):
 def test_cpu_choice_and_report_unchanged():
     x = torch.randn(600, 3, dtype=torch.float64)
     assert backend.engine_for(StationaryFormula("rbf"), x, x, {}) == "cpu"
-    assert backend.engine_report("cpu").startswith("cpu: engine 'auto': lazykern's CPU engine")
+    assert backend.engine_report("cpu").startswith("cpu: engine 'auto': the structured engine for first-order additive")
+    assert "lazykern's CPU engine for the formulas it compiles" in backend.engine_report("cpu")
     with settings.engine("torch"):
         assert backend.engine_report("cpu") == "cpu: engine 'torch' (forced by lazykern.settings.engine)"
 
