@@ -697,8 +697,8 @@ def _user_kernel(kind: str, d: int):
 
     import lazykern
 
-    if kind == "additive":
-        base = lazykern.RBFKernel(ard_num_dims=d)
+    if kind == "additive":  # RQ terms: additive RBF and Matérn terms take the structured engine
+        base = lazykern.RQKernel(ard_num_dims=d)
         return gpytorch.kernels.ScaleKernel(lazykern.AdditiveStructureKernel(base, num_dims=d, component_scales=True))
     if kind == "newton-girard":  # all orders, as lazykern uci's default kernel
         base = lazykern.RBFKernel(ard_num_dims=d)

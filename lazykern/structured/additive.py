@@ -91,7 +91,7 @@ def num_sources(targets: Tensor, sources: Tensor) -> int:
 
 #: Bytes of per-dimension sums held at once: the dimensions are summed in blocks of this size, so
 #: a product over many terms (a projected kernel's hundreds) holds O(N C) of them, not O(N C d).
-BLOCK_BYTES = 32 * 2**20
+BLOCK_BYTES = 8 * 2**20
 
 
 def dimension_blocks(dims: int, rows: int, cols: int, arrays: int) -> list[slice]:
@@ -99,8 +99,8 @@ def dimension_blocks(dims: int, rows: int, cols: int, arrays: int) -> list[slice
     :data:`BLOCK_BYTES` (at least one dimension a block).
 
     Example:
-        >>> dimension_blocks(26, 13500, 12, 2)
-        [slice(0, 12, None), slice(12, 24, None), slice(24, 26, None)]
+        >>> dimension_blocks(26, 1000, 1, 2), len(dimension_blocks(26, 13500, 12, 2))
+        ([slice(0, 26, None)], 9)
     """
     step = max(1, BLOCK_BYTES // (8 * rows * cols * arrays))
     return [slice(d, min(d + step, dims)) for d in range(0, dims, step)]
