@@ -19,7 +19,7 @@ import os
 import socket
 import time
 
-import lazykern  # noqa: F401 - before GPyTorch imports KeOps, whose CUDA notice lazykern keeps off stdout
+import lazykern  # before GPyTorch imports KeOps, whose CUDA notice lazykern keeps off stdout
 import gpytorch
 import torch
 import torch.distributed as dist
@@ -28,6 +28,8 @@ from _common import load
 from lazykern.distributed import ShardedKernel
 from lazykern.regression import KERNELS, PeakMemory, build_model, hyperparameters, make_kernel, train
 from lazykern.solvers import KernelRidge
+
+ENGINES = ("auto", "cpu", "structured", "torch", "keops", "triton")
 
 
 def parse_args() -> argparse.Namespace:
@@ -40,6 +42,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=20, help="Adam steps on the exact marginal likelihood")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--dtype", default="float64", choices=("float32", "float64"))
+    parser.add_argument("--engine", default="auto", choices=ENGINES,
+                        help="lazykern.settings.engine for every product (default: the chooser's pick)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="rank 0 writes the result here")
     return parser.parse_args()
@@ -64,6 +68,7 @@ def init_workers() -> torch.device:
 
 def main() -> None:
     args = parse_args()
+    lazykern.settings.engine.set_global(args.engine)
     device = init_workers()
     rank, workers = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)  # the same stochastic probes on every worker

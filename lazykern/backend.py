@@ -31,6 +31,7 @@ size 1 per pair (as KeOps does), which the torch engine drops.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Callable, Mapping
 
@@ -58,6 +59,8 @@ STRUCTURED_MIN_POINTS = 128
 
 __all__ = [
     "ENGINES",
+    "STRUCTURED_MIN_POINTS",
+    "dense_matmul",
     "choose_engine",
     "elementwise",
     "engine_for",
@@ -75,8 +78,20 @@ def _eager(fn: Callable) -> Callable:
     """Runs ``fn`` eagerly under ``torch.compile``: engines write into tensors through ``ctypes``,
     KeOps and Triton calls, which Dynamo cannot trace. Traced inside an autograd function (as
     ``linear_operator``'s ``Matmul`` calls the operators), the graph break returned a tensor other
-    than the one the C reduction had written: uninitialised memory instead of ``K @ v``."""
-    return torch.compiler.disable(fn, recursive=True)
+    than the one the C reduction had written: uninitialised memory instead of ``K @ v``. The
+    disabled twin is made on the first call under compilation: ``torch.compiler.disable`` imports
+    Dynamo (and Triton with it), which a program that never compiles should not pay for."""
+    eager: list[Callable] = []
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            if not eager:
+                eager.append(torch.compiler.disable(fn, recursive=True))
+            return eager[0](*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return run
 
 
 def choose_engine(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Engine:

@@ -133,7 +133,7 @@ def loaded_programs() -> int:
     return len(_programs)
 
 
-def load_source(source: str, symbol: str, argtypes: list) -> ctypes._CFuncPtr:
+def load_source(source: str, symbol: str, argtypes: list) -> "ctypes._CFuncPtr":
     """The function ``symbol`` of the C ``source``, compiled on first use, then cached on disk and in
     memory (``argtypes``: its ``ctypes`` argument types; it returns nothing)."""
     return _programs.get(source, lambda: _load_or_compile(source, symbol, argtypes))

@@ -89,8 +89,8 @@ def num_sources(targets: Tensor, sources: Tensor) -> int:
     return -1 if targets is sources else sources.shape[0]
 
 
-#: Bytes of per-dimension sums held at once: the dimensions are summed in blocks of this size, so
-#: a product over many terms (a projected kernel's hundreds) holds O(N C) of them, not O(N C d).
+#: The most bytes of per-dimension sums held at once. The dimensions are summed in blocks of this
+#: size, so a product over many terms (a projected kernel's hundreds) holds O(N C) of them, not O(N C d).
 BLOCK_BYTES = 8 * 2**20
 
 

@@ -1,9 +1,9 @@
 r"""The structured engine as the chooser lists it: first-order additive Matérn and RBF formulas.
 
-It takes :class:`lazykern.formulas.StationaryFormula` s with ``additive=True`` of the ``"matern"``
+It takes :class:`~lazykern.formulas.stationary.StationaryFormula` s with ``additive=True`` of the ``"matern"``
 (any half-integer nu) and ``"rbf"`` families on CPU tensors, whose only tensor parameter is the
 per-dimension ``scales`` (the inputs arrive divided by the lengthscales), alone or
-:class:`~lazykern.formulas.Scaled` by an ``outputscale`` — what ``AdditiveStructureKernel(MaternKernel(...))``
+:class:`~lazykern.formulas.composite.Scaled` by an ``outputscale`` — what ``AdditiveStructureKernel(MaternKernel(...))``
 and ``AdditiveStructureKernel(RBFKernel())`` build, with or without component scales, inside
 ``ScaleKernel`` or not (and a projected additive kernel of such terms). The output scale is folded
 into the per-dimension scales in torch, so its gradient is autograd's. Everything else stays on the

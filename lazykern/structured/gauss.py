@@ -74,7 +74,7 @@ def _truncation_bound(p: int, h: float) -> float:
 def gauss_plan(tol: float) -> tuple[int, float, float]:
     """``(p, h, reach)``: terms, box width and the reach ``R + h/2`` of the box centres a target
     sums, for the error bound ``tol`` (per unit of :math:`\\sum_j |v_j|`), the cheapest of
-    :data:`_WIDTHS`.
+    the box widths ``_WIDTHS``.
 
     Example:
         >>> p, h, reach = gauss_plan(1e-10)
