@@ -45,3 +45,18 @@ def peak_rss_increase_mb(setup: str, body: str, *, timeout: float = 900, memory_
     line = next(l for l in proc.stdout.splitlines() if l.startswith("PEAK_JSON"))
     result = json.loads(line.split(" ", 1)[1])
     return result["peak"] - result["baseline"]
+
+
+#: The step the MLL memory tests time in their subprocess, after their setup defines ``model`` and
+#: ``mll``: the lazy CG path (no dense matrix, no Cholesky), a few CG and Lanczos iterations.
+MLL_STEP = r"""
+def step(inputs, targets):
+    with lazykern.settings.max_dense_bytes(0), \
+            gpytorch.settings.max_cholesky_size(0), gpytorch.settings.max_cg_iterations(6), \
+            gpytorch.settings.max_lanczos_quadrature_iterations(6), \
+            gpytorch.settings.num_trace_samples(8):
+        model.set_train_data(inputs, targets, strict=False)
+        loss = -mll(model(inputs), targets)
+        loss.backward()
+    return loss
+"""

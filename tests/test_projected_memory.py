@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from .memory import peak_rss_increase_mb
+from .memory import MLL_STEP, peak_rss_increase_mb
 
 SETUP = """
 import torch, gpytorch, lazykern
@@ -40,15 +40,7 @@ model.train()
 mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
 
 
-def step(inputs, targets):
-    with lazykern.settings.max_dense_bytes(0), \\
-            gpytorch.settings.max_cholesky_size(0), gpytorch.settings.max_cg_iterations(6), \\
-            gpytorch.settings.max_lanczos_quadrature_iterations(6), \\
-            gpytorch.settings.num_trace_samples(8):
-        model.set_train_data(inputs, targets, strict=False)
-        loss = -mll(model(inputs), targets)
-        loss.backward()
-    return loss
+""" + MLL_STEP + """
 
 # Warm up (compiles, lazy imports) on a small problem: the same reductions, none of the size.
 step(x[:300], y[:300])
