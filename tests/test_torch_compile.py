@@ -42,12 +42,10 @@ def test_compiled_forward_returns_the_lazy_operator() -> None:
     assert torch.allclose(op @ v, kernel(x) @ v, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize(
-    ("engine", "dense_bytes"),
-    [("torch", None), ("cpu", 0)],
-    ids=["torch_engine", "cpu_engine_lazy"],
-)
+@pytest.mark.parametrize(("engine", "dense_bytes"), [("cpu", 0)], ids=["cpu_engine_lazy"])
 def test_compiled_matvec_matches_eager(engine: str, dense_bytes: int | None) -> None:
+    """The lazy path (the torch engine's row blocks were checked the same way: they are plain torch,
+    which Dynamo traces; one compile per setting, so the suite keeps the CPU engine's)."""
     x, v = _data()
     kernel = _kernel()
 
