@@ -25,6 +25,7 @@ values but never their order, so a recent order is reused while it still sorts t
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 
 import torch
 from torch import Tensor
@@ -39,9 +40,12 @@ __all__ = ["BLOCK_BYTES", "SUMS", "dimension_blocks", "gradients", "merged_order
 SUMS = {"matern": matern_sums, "rbf": gauss_sums}
 
 #: Recent merged orders by the shapes and device of (sources, targets): a training step needs
-#: K(X, Z) and, backward, K(Z, X) (the same shapes when N = M), forward and backward.
-_RECENT: dict[tuple, list[Tensor]] = {}
+#: K(X, Z) and, backward, K(Z, X) (the same shapes when N = M), forward and backward. At most
+#: _RECENT_SLOTS shapes are kept, the least recently used dropped, so that a program that sees many
+#: shapes (test batches, cross-validation) does not keep an order for each.
+_RECENT: OrderedDict[tuple, list[Tensor]] = OrderedDict()
 _RECENT_PER_SLOT = 8
+_RECENT_SLOTS = 8
 _LOCK = threading.Lock()
 
 
@@ -72,6 +76,8 @@ def merged_order(targets: Tensor, sources: Tensor) -> tuple[Tensor, Tensor]:
     slot = (sources.shape, targets.shape, sources.device, one_set)
     with _LOCK:
         recent = list(_RECENT.get(slot, ()))
+        if recent:
+            _RECENT.move_to_end(slot)
     for order in recent:
         ok, key = _sorts(values, order, num_sources(targets, sources))
         if ok:
@@ -80,6 +86,9 @@ def merged_order(targets: Tensor, sources: Tensor) -> tuple[Tensor, Tensor]:
     order = order.contiguous()
     with _LOCK:
         _RECENT[slot] = [order, *_RECENT.get(slot, ())][:_RECENT_PER_SLOT]
+        _RECENT.move_to_end(slot)
+        while len(_RECENT) > _RECENT_SLOTS:
+            _RECENT.popitem(last=False)
     return key.contiguous(), order
 
 
