@@ -4,16 +4,17 @@ A sum of one-dimensional half-integer Matérn kernels is, in each dimension, the
 Markov process: after one sort, a product is two linear recurrences
 (:mod:`lazykern.structured.recurrences`), exact up to rounding. The Gaussian's sums are a fast
 Gauss transform with a stated bound (:mod:`lazykern.structured.gauss`). Gradients are one more
-pass with the two sets' roles exchanged (:mod:`lazykern.structured.additive`). ``ENGINE`` is the
+pass with the two sets' roles exchanged (:mod:`lazykern.structured.additive`). Each dimension's sums
+are reduced over the dimensions inside the walks (:mod:`lazykern.structured.combine`). ``ENGINE`` is the
 engine as the chooser lists it (:mod:`lazykern.structured.engine`).
 """
 
-from .additive import SUMS, gradients, merged_order, product
+from .additive import REDUCTIONS, gradients, merged_order, product
 from .engine import ENGINE, StructuredEngine
-from .gauss import gauss_plan, gauss_sums
-from .recurrences import MATERN_POLYNOMIALS, matern_sums
+from .gauss import gauss_plan, gauss_reduce
+from .recurrences import MATERN_POLYNOMIALS, matern_reduce
 
 __all__ = [
-    "ENGINE", "MATERN_POLYNOMIALS", "SUMS", "StructuredEngine", "gauss_plan", "gauss_sums", "gradients", "matern_sums",
-    "merged_order", "product",
+    "ENGINE", "MATERN_POLYNOMIALS", "REDUCTIONS", "StructuredEngine", "gauss_plan", "gauss_reduce", "gradients",
+    "matern_reduce", "merged_order", "product",
 ]

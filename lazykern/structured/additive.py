@@ -30,14 +30,15 @@ from collections import OrderedDict
 import torch
 from torch import Tensor
 
-from .gauss import gauss_sums
-from .recurrences import matern_sums
+from .gauss import gauss_reduce
+from .recurrences import matern_reduce
 
-__all__ = ["BLOCK_BYTES", "SUMS", "dimension_blocks", "gradients", "merged_order", "num_sources", "product"]
+__all__ = ["REDUCTIONS", "gradients", "merged_order", "num_sources", "product"]
 
-#: family -> per-dimension sums ``(order, key, num_sources, values, derivative, parameter)``, the
-#: parameter being Matérn's nu or the Gaussian's error bound.
-SUMS = {"matern": matern_sums, "rbf": gauss_sums}
+#: family -> its walks with the reductions over the dimensions
+#: (:func:`lazykern.structured.combine.reduce`), called as ``(order, key, num_sources, values,
+#: parameter, scales, **uses)``, the parameter being Matérn's nu or the Gaussian's error bound.
+REDUCTIONS = {"matern": matern_reduce, "rbf": gauss_reduce}
 
 #: Recent merged orders by the shapes and device of (sources, targets): a training step needs
 #: K(X, Z) and, backward, K(Z, X) (the same shapes when N = M), forward and backward. At most
@@ -98,31 +99,12 @@ def num_sources(targets: Tensor, sources: Tensor) -> int:
     return -1 if targets is sources else sources.shape[0]
 
 
-#: The most bytes of per-dimension sums held at once. The dimensions are summed in blocks of this
-#: size, so a product over many terms (a projected kernel's hundreds) holds O(N C) of them, not O(N C d).
-BLOCK_BYTES = 8 * 2**20
-
-
-def dimension_blocks(dims: int, rows: int, cols: int, arrays: int) -> list[slice]:
-    """Blocks of dimensions whose ``arrays`` float64 sums of ``(rows, cols)`` each fit
-    :data:`BLOCK_BYTES` (at least one dimension a block).
-
-    Example:
-        >>> dimension_blocks(26, 1000, 1, 2), len(dimension_blocks(26, 13500, 12, 2))
-        ([slice(0, 26, None)], 9)
-    """
-    step = max(1, BLOCK_BYTES // (8 * rows * cols * arrays))
-    return [slice(d, min(d + step, dims)) for d in range(0, dims, step)]
-
-
-def _sums(family: str, parameter: float, targets: Tensor, sources: Tensor, values: Tensor, derivative: bool):
-    """Per block of dimensions, the sums ``(block, a, b)`` of ``values`` at ``sources`` for
-    ``targets`` (one sort for all dimensions, reused from the last call where it still holds)."""
+def _reduce(family: str, parameter: float, targets: Tensor, sources: Tensor, values: Tensor, scales: Tensor,
+            **uses) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """The reductions ``uses`` of the sums of ``values`` at ``sources`` for ``targets`` (one sort for
+    all dimensions, reused from a recent call where it still holds)."""
     key, order = merged_order(targets, sources)
-    m = num_sources(targets, sources)
-    for block in dimension_blocks(key.shape[0], targets.shape[0], values.shape[-1], 2 if derivative else 1):
-        a, b = SUMS[family](order[block], key[block], m, values, derivative, parameter)
-        yield block, a, b
+    return REDUCTIONS[family](order, key, num_sources(targets, sources), values, parameter, scales, **uses)
 
 
 def product(family: str, parameter: float, x1: Tensor, x2: Tensor, v: Tensor, scales: Tensor) -> Tensor:
@@ -144,11 +126,7 @@ def product(family: str, parameter: float, x1: Tensor, x2: Tensor, v: Tensor, sc
         >>> torch.allclose(product("matern", 1.5, x, x, v, torch.ones(3)), dense @ v, rtol=1e-12)
         True
     """
-    s = scales.detach().to(torch.float64)
-    out = torch.zeros(x1.shape[0], v.shape[-1], dtype=torch.float64)
-    for block, a, _ in _sums(family, parameter, x1, x2, v, False):
-        out += torch.einsum("d,dnc->nc", s[block], a)
-    return out
+    return _reduce(family, parameter, x1, x2, v, scales, out=True)[0]
 
 
 def gradients(family: str, parameter: float, x1: Tensor, x2: Tensor, v: Tensor, scales: Tensor, grad: Tensor,
@@ -163,37 +141,22 @@ def gradients(family: str, parameter: float, x1: Tensor, x2: Tensor, v: Tensor, 
     once; the gradient for the set is returned as ``x1``'s and ``x2``'s is ``None``.
     """
     want_x1, want_x2, want_v, want_scales = wanted
-    one_set = x1 is x2
-    if one_set:
+    if x1 is x2:
         want_x1, want_x2 = want_x1 or want_x2, False
-    s, g, v64 = scales.detach().to(torch.float64), grad.detach().to(torch.float64), v.detach().to(torch.float64)
-    gx1 = torch.zeros(x1.shape, dtype=torch.float64) if want_x1 else None
-    gx2 = torch.zeros(x2.shape, dtype=torch.float64) if want_x2 else None
-    gv = torch.zeros(v.shape, dtype=torch.float64) if want_v else None
-    gs = torch.zeros(scales.shape, dtype=torch.float64) if want_scales else None
-    cols = v.shape[-1]
-    if one_set and (want_x1 or want_v):
-        # K(X, X) is symmetric: K^T G = K G, so [V, G] in one walk serves every gradient.
-        for block, a, b in _sums(family, parameter, x1, x1, torch.cat([v64, g], -1), want_x1):
-            if want_scales:
-                gs[block] = torch.einsum("nc,dnc->d", g, a[..., :cols])
-            if want_v:
-                gv += torch.einsum("d,dnc->nc", s[block], a[..., cols:])
-            if want_x1:
-                kv, kg = b[..., :cols], b[..., cols:]
-                gx1[:, block] = (s[block, None] * (torch.einsum("nc,dnc->dn", g, kv)
-                                                   + torch.einsum("nc,dnc->dn", v64, kg))).T
-        return [gx1, gx2, gv, gs]
+    g, v64 = grad.detach().to(torch.float64), v.detach().to(torch.float64)
+    gx1 = gx2 = gv = gs = None
+    if x1 is x2 and (want_x1 or want_v):
+        # K(X, X) is symmetric: K^T G = K G, so [V, G] in one walk serves every gradient: the first
+        # C columns of its sums are K_d V (the scales), the last K_d G (V); its derivative sums
+        # K'_d [V, G] weighted by [G, V] give the inputs'.
+        cols = v.shape[-1]
+        out, gs, gx1 = _reduce(family, parameter, x1, x1, torch.cat([v64, g], -1), scales, out=want_v,
+                               grad=torch.cat([g, torch.zeros_like(g)], -1) if want_scales else None,
+                               weights=torch.cat([g, v64], -1) if want_x1 else None)
+        return [gx1, None, None if out is None else out[:, cols:], gs]
     if want_x1 or want_scales:
-        for block, a, b in _sums(family, parameter, x1, x2, v64, want_x1):
-            if want_scales:
-                gs[block] = torch.einsum("nc,dnc->d", g, a)
-            if want_x1:
-                gx1[:, block] = (s[block, None] * torch.einsum("nc,dnc->dn", g, b)).T
+        _, gs, gx1 = _reduce(family, parameter, x1, x2, v64, scales, grad=g if want_scales else None,
+                             weights=g if want_x1 else None)
     if want_x2 or want_v:
-        for block, a, b in _sums(family, parameter, x2, x1, g, want_x2):
-            if want_v:
-                gv += torch.einsum("d,dmc->mc", s[block], a)
-            if want_x2:
-                gx2[:, block] = (s[block, None] * torch.einsum("mc,dmc->dm", v64, b)).T
+        gv, _, gx2 = _reduce(family, parameter, x2, x1, g, scales, out=want_v, weights=v64 if want_x2 else None)
     return [gx1, gx2, gv, gs]

@@ -43,8 +43,9 @@ import torch
 from torch import Tensor
 
 from ..native import load_source
+from .combine import COMBINE_SOURCE, USES_ARGTYPES, reduce
 
-__all__ = ["gauss_plan", "gauss_sums"]
+__all__ = ["gauss_plan", "gauss_reduce"]
 
 #: Cramér's constant, rounded up: |H_n(t)| e^{-t^2/2} <= K 2^{n/2} sqrt(n!) for every n and t.
 _CRAMER = 1.0865
@@ -97,10 +98,8 @@ def gauss_plan(tol: float) -> tuple[int, float, float]:
     return best[1], best[2], best[3]
 
 
-_SOURCE = r"""
+_SOURCE = COMBINE_SOURCE + r"""
 #include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define RS2 0.70710678118654752440 /* 1 / sqrt(2) */
@@ -245,45 +244,54 @@ static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const in
     free(tcentre); free(scentre); free(tstart); free(sstart); free(zs); free(src);
 }
 
-void lk_gauss_sums(int64_t p, double h, double reach, int64_t D, int64_t n, int64_t m, const int64_t *ord,
-                   const double *key, const double *v, int64_t C, double *a, double *b) {
-    int64_t n_tot = m < 0 ? n : n + m;
-    #pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t d = 0; d < D; ++d)
-        gauss_dim(p, h, reach, n_tot, ord + d * n_tot, key + d * n_tot, m, v, C, a + d * n * C,
-                  b ? b + d * n * C : NULL);
+typedef struct {
+    int64_t p, n_tot, m;
+    double h, reach;
+    const int64_t *ord;
+    const double *key, *v;
+} gauss_problem;
+
+/* One dimension into the work buffer (its targets' sums a and, where the inputs' gradient is
+   asked for, b, in the targets' own order), then each target's rows to lk_use_row. */
+static void gauss_dimension(const void *problem, int64_t d, const lk_uses *u, double *out, double *work) {
+    const gauss_problem *P = problem;
+    const int64_t n = u->n, C = u->C;
+    double *a = work, *b = u->W ? work + n * C : NULL;
+    gauss_dim(P->p, P->h, P->reach, P->n_tot, P->ord + d * P->n_tot, P->key + d * P->n_tot, P->m, P->v, C, a, b);
+    double dot = 0.0;
+    for (int64_t i = 0; i < n; ++i) lk_use_row(u, d, i, a + i * C, b ? b + i * C : NULL, out, &dot);
+    if (u->dots) u->dots[d] = dot;
+}
+
+/* The additive sums of D dimensions (lk_uses), as lk_matern_additive. */
+void lk_gauss_additive(int64_t p, double h, double reach, int64_t D, int64_t n, int64_t m, const int64_t *ord,
+                       const double *key, const double *v, int64_t C, const double *scales, double *out,
+                       const double *G, double *dots, const double *W, double *point) {
+    const int64_t n_tot = m < 0 ? n : n + m;
+    const lk_uses u = {D, n, C, scales, G, W, out, dots, point};
+    const gauss_problem P = {p, n_tot, m, h, reach, ord, key, v};
+    lk_each_dimension(gauss_dimension, &P, &u, (W ? 2 : 1) * n * C);
 }
 """
 
-_ARGTYPES = [ctypes.c_int64, ctypes.c_double, ctypes.c_double, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64] + [
-    ctypes.c_void_p
-] * 3 + [ctypes.c_int64] + [ctypes.c_void_p] * 2
+_ARGTYPES = [ctypes.c_int64, ctypes.c_double, ctypes.c_double] + USES_ARGTYPES
 
 
-def gauss_sums(
-    order: Tensor, key: Tensor, num_sources: int, values: Tensor, derivative: bool, tol: float
-) -> tuple[Tensor, Tensor | None]:
-    """Per-dimension sums :math:`a_d = K_d V` and, with ``derivative``, :math:`b_d = K'_d V` of the
-    Gaussian kernel, within ``tol`` times :math:`\\sum_j |v_j|` of the exact sums.
+def gauss_reduce(order: Tensor, key: Tensor, num_sources: int, values: Tensor, tol: float, scales: Tensor,
+                 **uses) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """The reductions of :func:`lazykern.structured.combine.reduce` of the Gaussian kernel's sums
+    :math:`a_d = K_d V` and :math:`b_d = K'_d V`, each within ``tol`` times :math:`\\sum_j |v_j|`
+    of the exact sums.
 
-    Args and returns as :func:`lazykern.structured.recurrences.matern_sums`, with ``tol`` the bound.
+    Args and returns as :func:`lazykern.structured.recurrences.matern_reduce`, with ``tol`` the bound.
 
     Example:
         >>> x = torch.linspace(0, 30, 400, dtype=torch.float64)[None]
         >>> key, order = torch.sort(torch.cat([x, x], 1), stable=True)
-        >>> a, _ = gauss_sums(order, key, 400, torch.ones(400, 1), derivative=False, tol=1e-10)
+        >>> out, _, _ = gauss_reduce(order, key, 400, torch.ones(400, 1), 1e-10, torch.ones(1), out=True)
         >>> exact = torch.exp(-0.5 * (x[0, :, None] - x[0, None, :]) ** 2).sum(1)
-        >>> bool((a[0, :, 0] - exact).abs().max() <= 1e-10 * 400)
+        >>> bool((out[:, 0] - exact).abs().max() <= 1e-10 * 400)
         True
     """
-    p, h, reach = gauss_plan(tol)
-    dims, total = order.shape
-    n, cols = total - max(num_sources, 0), values.shape[-1]
-    v = values.detach().to(torch.float64).contiguous()
-    order, key = order.contiguous(), key.detach().to(torch.float64).contiguous()
-    a = torch.zeros(dims, n, cols, dtype=torch.float64)
-    b = torch.zeros_like(a) if derivative else None
-    fn = load_source(_SOURCE, "lk_gauss_sums", _ARGTYPES)
-    fn(p, h, reach, dims, n, num_sources, order.data_ptr(), key.data_ptr(), v.data_ptr(), cols, a.data_ptr(),
-       0 if b is None else b.data_ptr())
-    return a, b
+    fn = load_source(_SOURCE, "lk_gauss_additive", _ARGTYPES)
+    return reduce(fn, gauss_plan(tol), order, key, num_sources, values, scales, **uses)

@@ -53,8 +53,9 @@ import torch
 from torch import Tensor
 
 from ..native import load_source
+from .combine import COMBINE_SOURCE, USES_ARGTYPES, reduce
 
-__all__ = ["MATERN_POLYNOMIALS", "matern_sums"]
+__all__ = ["MATERN_POLYNOMIALS", "matern_reduce"]
 
 #: nu -> (c, coefficients of pi(u) times q!, coefficients of (pi' - pi)(u) times q!), q = 0..p:
 #: the factors q! turn the moments S_q (which carry u^q / q!) into the polynomials.
@@ -64,15 +65,13 @@ MATERN_POLYNOMIALS: dict[float, tuple[float, tuple[float, ...], tuple[float, ...
     2.5: (5.0**0.5, (1.0, 1.0, 2.0 / 3.0), (0.0, -1.0 / 3.0, -2.0 / 3.0)),
 }
 
-_SOURCE = r"""
+_SOURCE = COMBINE_SOURCE + r"""
 #include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
-/* One walk over a block of W columns in sorted order: vs[k] the values of entry k (zero for a
-   target), src[k] / tgt[k] whether entry k is a source / a target, gap[k] and decay[k] the scaled
-   distance c |key[k] - key[k-1]| and its exp(-gap) (shared by both walks and every block).
+/* One walk over a block of W columns in sorted order: row k of the block is vs + k * ld (zero for
+   a target), src[k] / tgt[k] whether entry k is a source / a target, gap[k] and decay[k] the
+   scaled distance c |key[k] - key[k-1]| and its exp(-gap) (shared by both walks and every block).
    Ascending (step = +1) the outputs are written, descending they are added. An entry that is both
    (one set, K(X, X)) adds its value before it reads the moments when ascending and after when
    descending, so that each coincident pair is counted once; across two sets the merged order puts
@@ -80,7 +79,7 @@ _SOURCE = r"""
    group of equal keys that the walk has added, subtracted from the derivative, whose value at
    t = 0 is 0 (only nu = 1/2 needs it). */
 static inline __attribute__((always_inline)) void walk(
-        const int p, const int W, double c, int64_t n_tot, const double *restrict gap,
+        const int p, const int W, double c, int64_t n_tot, int64_t ld, const double *restrict gap,
         const double *restrict decay, const unsigned char *restrict src, const unsigned char *restrict tgt,
         const double *restrict vs, const double *pc, const double *dc, const int step,
         double *restrict as, double *restrict bs) {
@@ -99,15 +98,15 @@ static inline __attribute__((always_inline)) void walk(
                 if (p == 2) S2[j] = w0 * S2[j] + w1 * S1[j] + w2 * S0[j];
                 if (p >= 1) S1[j] = w0 * S1[j] + w1 * S0[j];
                 S0[j] *= w0;
-                tie[j] = 0.0;
+                if (strict) tie[j] = 0.0;
             }
         }
-        const double *restrict vk = vs + k * W;
+        const double *restrict vk = vs + k * ld;
         const int add_first = step > 0 || !src[k] || !tgt[k];
         if (src[k] && add_first)
-            for (int j = 0; j < W; ++j) { S0[j] += vk[j]; tie[j] += vk[j]; }
+            for (int j = 0; j < W; ++j) { S0[j] += vk[j]; if (strict) tie[j] += vk[j]; }
         if (tgt[k]) {
-            double *restrict ak = as + k * W;
+            double *restrict ak = as + k * ld;
             for (int j = 0; j < W; ++j) {
                 double value = pc0 * S0[j];
                 if (p > 0) value += pc1 * S1[j];
@@ -115,7 +114,7 @@ static inline __attribute__((always_inline)) void walk(
                 ak[j] = step > 0 ? value : ak[j] + value;
             }
             if (bs) {
-                double *restrict bk = bs + k * W;
+                double *restrict bk = bs + k * ld;
                 for (int j = 0; j < W; ++j) {
                     double value = dc0 * (strict ? S0[j] - tie[j] : S0[j]);
                     if (p > 0) value += dc1 * S1[j];
@@ -125,95 +124,102 @@ static inline __attribute__((always_inline)) void walk(
             }
         }
         if (src[k] && !add_first)
-            for (int j = 0; j < W; ++j) { S0[j] += vk[j]; tie[j] += vk[j]; }
+            for (int j = 0; j < W; ++j) { S0[j] += vk[j]; if (strict) tie[j] += vk[j]; }
     }
 }
 
-/* One block of W columns starting at j0: gather its values into sorted order, walk up and down,
-   scatter the outputs back. */
+/* Both walks over one block of W columns (a constant, so the column loops unroll and vectorize). */
 static inline __attribute__((always_inline)) void block(
-        const int p, const int W, double c, int64_t n_tot, const int64_t *ord, int64_t m, const double *gap,
-        const double *decay, const unsigned char *src, const unsigned char *tgt, const double *v, int64_t C,
-        int64_t j0, const double *pc, const double *dc, double *vs, double *as, double *bs, double *a, double *b) {
-    const int both = m < 0;
-    const int w = C - j0 < W ? (int)(C - j0) : W;
-    for (int64_t k = 0; k < n_tot; ++k) {
-        double *vk = vs + k * W;
-        const double *row = v + ord[k] * C + j0;
-        for (int j = 0; j < W; ++j) vk[j] = src[k] && j < w ? row[j] : 0.0;
-    }
-    walk(p, W, c, n_tot, gap, decay, src, tgt, vs, pc, dc, +1, as, bs);
-    walk(p, W, c, n_tot, gap, decay, src, tgt, vs, pc, dc, -1, as, bs);
-    for (int64_t k = 0; k < n_tot; ++k) {
-        if (!tgt[k]) continue;
-        const int64_t i = both ? ord[k] : ord[k] - m;
-        for (int j = 0; j < w; ++j) a[i * C + j0 + j] = as[k * W + j];
-        if (b) for (int j = 0; j < w; ++j) b[i * C + j0 + j] = bs[k * W + j];
-    }
+        const int p, const int W, double c, int64_t n_tot, int64_t ld, const double *gap, const double *decay,
+        const unsigned char *src, const unsigned char *tgt, const double *vs, const double *pc, const double *dc,
+        double *as, double *bs) {
+    walk(p, W, c, n_tot, ld, gap, decay, src, tgt, vs, pc, dc, +1, as, bs);
+    walk(p, W, c, n_tot, ld, gap, decay, src, tgt, vs, pc, dc, -1, as, bs);
 }
 
-/* One dimension, all columns: the gaps and decays once, then blocks of 16, 8, 4, 2 or 1 columns
-   (constant widths, so the column loops unroll and vectorize). */
-static void dimension(const int p, double c, int64_t n_tot, const int64_t *ord, const double *key, int64_t m,
-                      const double *v, int64_t C, const double *pc, const double *dc, double *a, double *b) {
-    const int both = m < 0;
-    unsigned char *src = malloc(2 * n_tot), *tgt = src + n_tot;
-    double *gap = malloc(sizeof(double) * 2 * n_tot), *decay = gap + n_tot;
-    double *vs = malloc(sizeof(double) * 16 * n_tot * (b ? 3 : 2));
-    double *as = vs + 16 * n_tot, *bs = b ? as + 16 * n_tot : NULL;
+typedef struct {
+    int64_t p, n_tot;
+    double c;
+    const double *pc, *dc, *v;
+    const int64_t *ord;
+    const double *key;
+    int64_t m;
+} matern_problem;
+
+/* Doubles of work per thread: flags, gaps and decays, and the values, sums and derivative sums of
+   every column in sorted order. */
+static int64_t matern_work(int64_t n_tot, int64_t C) { return n_tot * (3 + 3 * C); }
+
+/* One dimension: the gaps and decays once, the values of all C columns gathered into sorted order
+   once (rows read in sequence by the walks), blocks of 16, 12, 8, 4, 2 or 1 columns walked, and
+   each target's sums handed to lk_use_row as the walk leaves them. */
+static void matern_dimension(const void *problem, int64_t d, const lk_uses *u, double *out, double *work) {
+    const matern_problem *P = problem;
+    const int p = (int)P->p;
+    const int64_t n_tot = P->n_tot, C = u->C, m = P->m, both = m < 0;
+    const int64_t *ord = P->ord + d * n_tot;
+    const double *key = P->key + d * n_tot, c = P->c;
+    double *gap = work, *decay = gap + n_tot, *vs = decay + n_tot, *as = vs + n_tot * C;
+    double *bs = u->W ? as + n_tot * C : NULL;
+    unsigned char *src = (unsigned char *)(bs ? bs + n_tot * C : as + n_tot * C), *tgt = src + n_tot;
     for (int64_t k = 0; k < n_tot; ++k) {
         src[k] = both || ord[k] < m;
         tgt[k] = both || ord[k] >= m;
         gap[k] = k > 0 ? c * fabs(key[k] - key[k - 1]) : 0.0;
         decay[k] = exp(-gap[k]);
+        /* the rows arrive in random order: ask for one LK_AHEAD entries ahead while copying this one */
+        if (k + LK_AHEAD < n_tot) __builtin_prefetch(P->v + ord[k + LK_AHEAD] * C);
+        double *restrict row = vs + k * C;
+        const double *restrict from = P->v + ord[k] * C;
+        if (src[k]) for (int64_t j = 0; j < C; ++j) row[j] = from[j];
+        else for (int64_t j = 0; j < C; ++j) row[j] = 0.0;
     }
     for (int64_t j0 = 0; j0 < C;) {
         const int64_t left = C - j0;
-        const int W = left >= 16 ? 16 : left > 4 ? 8 : left > 2 ? 4 : left;
-        switch (W) {
-            case 16: block(p, 16, c, n_tot, ord, m, gap, decay, src, tgt, v, C, j0, pc, dc, vs, as, bs, a, b); break;
-            case 8: block(p, 8, c, n_tot, ord, m, gap, decay, src, tgt, v, C, j0, pc, dc, vs, as, bs, a, b); break;
-            case 4: block(p, 4, c, n_tot, ord, m, gap, decay, src, tgt, v, C, j0, pc, dc, vs, as, bs, a, b); break;
-            case 2: block(p, 2, c, n_tot, ord, m, gap, decay, src, tgt, v, C, j0, pc, dc, vs, as, bs, a, b); break;
-            default: block(p, 1, c, n_tot, ord, m, gap, decay, src, tgt, v, C, j0, pc, dc, vs, as, bs, a, b); break;
+        const int W = left >= 16 ? 16 : left >= 12 ? 12 : left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+        const double *v0 = vs + j0;
+        double *a0 = as + j0, *b0 = bs ? bs + j0 : NULL;
+        #define LK_BLOCK(P_, W_) block(P_, W_, c, n_tot, C, gap, decay, src, tgt, v0, P->pc, P->dc, a0, b0)
+        #define LK_WIDTHS(P_) switch (W) { \
+            case 16: LK_BLOCK(P_, 16); break; case 12: LK_BLOCK(P_, 12); break; case 8: LK_BLOCK(P_, 8); break; \
+            case 4: LK_BLOCK(P_, 4); break; case 2: LK_BLOCK(P_, 2); break; default: LK_BLOCK(P_, 1); break; }
+        switch (p) {  /* a constant p for each: the loops over q unroll */
+            case 0: LK_WIDTHS(0); break;
+            case 1: LK_WIDTHS(1); break;
+            default: LK_WIDTHS(2); break;
         }
+        #undef LK_WIDTHS
+        #undef LK_BLOCK
         j0 += W;
     }
-    free(vs);
-    free(gap);
-    free(src);
+    double dot = 0.0;
+    for (int64_t k = 0; k < n_tot; ++k)
+        if (tgt[k]) {
+            if (k + LK_AHEAD < n_tot) lk_prefetch_row(u, both ? ord[k + LK_AHEAD] : ord[k + LK_AHEAD] - m, out);
+            lk_use_row(u, d, both ? ord[k] : ord[k] - m, as + k * C, bs ? bs + k * C : NULL, out, &dot);
+        }
+    if (u->dots) u->dots[d] = dot;
 }
 
-/* For each of D dimensions d: a[d, i, :] = sum_j k(x_i - z_j) v[j, :] and, when b is not NULL,
-   b[d, i, :] = sum_j k'(x_i - z_j) v[j, :], from the merged order ord[d, :] of the m sources and
-   n targets (or of the n points of one set, m < 0) and their sorted values key[d, :]. */
-void lk_matern_sums(int64_t p, double c, int64_t D, int64_t n, int64_t m, const int64_t *ord,
-                    const double *key, const double *v, int64_t C, const double *pc, const double *dc,
-                    double *a, double *b) {
-    int64_t n_tot = m < 0 ? n : n + m;
-    #pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t d = 0; d < D; ++d) {
-        const int64_t *od = ord + d * n_tot;
-        const double *kd = key + d * n_tot;
-        double *ad = a + d * n * C, *bd = b ? b + d * n * C : NULL;
-        switch (p) {  /* a constant p for each: the loops over q unroll */
-            case 0: dimension(0, c, n_tot, od, kd, m, v, C, pc, dc, ad, bd); break;
-            case 1: dimension(1, c, n_tot, od, kd, m, v, C, pc, dc, ad, bd); break;
-            default: dimension(2, c, n_tot, od, kd, m, v, C, pc, dc, ad, bd); break;
-        }
-    }
+/* The additive sums of D dimensions (lk_uses): ord[d, :] the merged order of the m sources and
+   n targets (or of the n points of one set, m < 0), key[d, :] their sorted values. */
+void lk_matern_additive(int64_t p, double c, const double *pc, const double *dc, int64_t D, int64_t n, int64_t m,
+                        const int64_t *ord, const double *key, const double *v, int64_t C, const double *scales,
+                        double *out, const double *G, double *dots, const double *W, double *point) {
+    const int64_t n_tot = m < 0 ? n : n + m;
+    const lk_uses u = {D, n, C, scales, G, W, out, dots, point};
+    const matern_problem P = {p, n_tot, c, pc, dc, v, ord, key, m};
+    lk_each_dimension(matern_dimension, &P, &u, matern_work(n_tot, C));
 }
 """
 
-_ARGTYPES = [ctypes.c_int64, ctypes.c_double, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64] + [
-    ctypes.c_void_p
-] * 3 + [ctypes.c_int64] + [ctypes.c_void_p] * 4
+_ARGTYPES = [ctypes.c_int64, ctypes.c_double, ctypes.c_void_p, ctypes.c_void_p] + USES_ARGTYPES
 
 
-def matern_sums(
-    order: Tensor, key: Tensor, num_sources: int, values: Tensor, derivative: bool, nu: float
-) -> tuple[Tensor, Tensor | None]:
-    """Per-dimension sums :math:`a_d = K_d V` and, with ``derivative``, :math:`b_d = K'_d V`.
+def matern_reduce(order: Tensor, key: Tensor, num_sources: int, values: Tensor, nu: float, scales: Tensor,
+                  **uses) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """The reductions of :func:`lazykern.structured.combine.reduce` (``out``, ``grad``, ``weights``) of
+    the Matérn sums :math:`a_d = K_d V` and :math:`b_d = K'_d V`, for ``nu`` 0.5, 1.5 or 2.5.
 
     Args:
         order: ``(D, M + N)`` int64, the merged order of each dimension (an entry below
@@ -223,28 +229,18 @@ def matern_sums(
         num_sources: ``M``, or ``-1`` when the sources are the targets (``K(X, X)``: ``order``
             is then ``(D, N)``, the order of the one set).
         values: ``(M, C)`` the sources' values (any float dtype; summed in float64).
-        derivative: also return ``b``.
         nu: 0.5, 1.5 or 2.5.
-
-    Returns:
-        ``(D, N, C)`` float64 tensors ``a`` and ``b`` (``None`` without ``derivative``).
+        scales: ``(D,)`` the per-dimension scales.
 
     Example:
         >>> x = torch.tensor([[0.0, 1.0]], dtype=torch.float64)      # sources 0 and 1 ...
         >>> key, order = torch.sort(torch.cat([x, x], 1), stable=True)  # ... and the same as targets
-        >>> a, _ = matern_sums(order, key, 2, torch.ones(2, 1), derivative=False, nu=0.5)
-        >>> torch.allclose(a[0, :, 0], torch.full((2,), 1 + torch.e ** -1, dtype=torch.float64))
+        >>> out, _, _ = matern_reduce(order, key, 2, torch.ones(2, 1), 0.5, torch.ones(1), out=True)
+        >>> torch.allclose(out[:, 0], torch.full((2,), 1 + torch.e ** -1, dtype=torch.float64))
         True
     """
     c, pc, dc = MATERN_POLYNOMIALS[nu]
-    dims, total = order.shape
-    n, cols = total - max(num_sources, 0), values.shape[-1]
-    v = values.detach().to(torch.float64).contiguous()
-    order, key = order.contiguous(), key.detach().to(torch.float64).contiguous()
     coefficients = torch.tensor([pc, dc], dtype=torch.float64)
-    a = torch.empty(dims, n, cols, dtype=torch.float64)  # every entry is written
-    b = torch.empty_like(a) if derivative else None
-    fn = load_source(_SOURCE, "lk_matern_sums", _ARGTYPES)
-    fn(len(pc) - 1, c, dims, n, num_sources, order.data_ptr(), key.data_ptr(), v.data_ptr(), cols,
-       coefficients[0].data_ptr(), coefficients[1].data_ptr(), a.data_ptr(), 0 if b is None else b.data_ptr())
-    return a, b
+    fn = load_source(_SOURCE, "lk_matern_additive", _ARGTYPES)
+    leading = (len(pc) - 1, c, coefficients[0].data_ptr(), coefficients[1].data_ptr())
+    return reduce(fn, leading, order, key, num_sources, values, scales, **uses)
