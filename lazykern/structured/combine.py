@@ -38,7 +38,7 @@ COMBINE_SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 
-/* What the dimensions' sums feed (NULL: not wanted). out (n, C) += s_d a_d; dots[d] = <G, a_d>;
+/* What the dimensions' sums feed (NULL: not wanted). out (n, C) = sum_d s_d a_d; dots[d] = <G, a_d>;
    point[d * n + i] = s_d <W_i, b_d,i> (a row per dimension, so that threads never share a line). */
 typedef struct {
     int64_t D, n, C;
@@ -65,17 +65,20 @@ static inline __attribute__((always_inline)) void lk_use_row(
     const double s = u->scales[d];
     if (out) {
         double *restrict o = out + i * C;
+        #pragma omp simd
         for (int64_t c = 0; c < C; ++c) o[c] += s * a[c];
     }
     if (u->G) {
         const double *restrict g = u->G + i * C;
         double t = 0.0;
+        #pragma omp simd reduction(+ : t)
         for (int64_t c = 0; c < C; ++c) t += g[c] * a[c];
         *dot += t;
     }
     if (u->W) {
         const double *restrict w = u->W + i * C;
         double t = 0.0;
+        #pragma omp simd reduction(+ : t)
         for (int64_t c = 0; c < C; ++c) t += w[c] * b[c];
         u->point[d * u->n + i] = s * t;
     }
@@ -105,7 +108,7 @@ static void lk_each_dimension(lk_dimension_fn fn, const void *problem, const lk_
         for (int64_t k = 0; k < size; ++k) {
             double total = 0.0;
             for (int t = 0; t < threads; ++t) total += partial[t * size + k];
-            u->out[k] += total;
+            u->out[k] = total;
         }
         free(partial);
     }
@@ -144,7 +147,7 @@ def reduce(fn: Callable, leading: Sequence, order: Tensor, key: Tensor, num_sour
     n, cols = total - max(num_sources, 0), values.shape[-1]
     v, s, g, w = _rows(values), _rows(scales), _rows(grad), _rows(weights)
     order, key = order.contiguous(), key.detach().to(torch.float64).contiguous()
-    result = torch.zeros(n, cols, dtype=torch.float64) if out else None
+    result = torch.empty(n, cols, dtype=torch.float64) if out else None  # every entry is written
     dots = torch.zeros(dims, dtype=torch.float64) if g is not None else None
     point = torch.empty(dims, n, dtype=torch.float64) if w is not None else None  # every entry is written
     fn(*leading, dims, n, num_sources, order.data_ptr(), key.data_ptr(), v.data_ptr(), cols, s.data_ptr(),

@@ -76,7 +76,8 @@ class _Matmul(torch.autograd.Function):
         outs = [product(family, parameter, e1, e2, er, es) for e1, e2, es, er in elements]
         ctx.formula, ctx.one_set = formula, x1 is x2
         ctx.save_for_backward(x1, x2, scales, rhs)
-        return torch.stack(outs).reshape(*batch, *outs[0].shape).to(rhs.dtype)
+        stacked = outs[0].unsqueeze(0) if len(outs) == 1 else torch.stack(outs)  # no copy of a lone element
+        return stacked.reshape(*batch, *outs[0].shape).to(rhs.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):  # noqa: D102 - autograd protocol

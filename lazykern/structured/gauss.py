@@ -160,6 +160,7 @@ static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const in
             double beta = (zs[s] - scentre[q]) * RS2, t = 1.0;
             const double *vs = v + src[s] * C;
             for (int64_t n = 0; n < p; ++n) {
+                #pragma omp simd
                 for (int64_t c = 0; c < C; ++c) mq[n * C + c] += t * vs[c];
                 t *= beta / (double)(n + 1);
             }
@@ -185,6 +186,7 @@ static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const in
                     for (int64_t mm = 0; mm < p; ++mm)
                         for (int64_t n = 0; n < p; ++n) {
                             const double f = sign_fact[mm] * hh[n + mm];
+                            #pragma omp simd
                             for (int64_t c = 0; c < C; ++c) L[mm * C + c] += f * mr[n * C + c];
                         }
                 } else {                /* L_m += (-1)^m / m! h_m((t - z) / sqrt 2) v_z */
@@ -193,6 +195,7 @@ static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const in
                         const double *vs = v + src[s] * C;
                         for (int64_t mm = 0; mm < p; ++mm) {
                             const double f = sign_fact[mm] * hh[mm];
+                            #pragma omp simd
                             for (int64_t c = 0; c < C; ++c) L[mm * C + c] += f * vs[c];
                         }
                     }
@@ -200,15 +203,25 @@ static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const in
             }
             for (int64_t i = tstart[q]; i < tstart[q + 1]; ++i) {   /* Horner in y = (x - t) / sqrt 2 */
                 const double y = (xs[i] - t) * RS2;
-                double *ai = a + tgt[i] * C, *bi = b ? b + tgt[i] * C : NULL;
-                for (int64_t c = 0; c < C; ++c) {
-                    double value = L[(p - 1) * C + c], slope = 0.0;
-                    for (int64_t mm = p - 2; mm >= 0; --mm) {
-                        slope = slope * y + value;
-                        value = value * y + L[mm * C + c];
-                    }
-                    ai[c] = value;
-                    if (bi) bi[c] = slope * RS2;
+                double *restrict ai = a + tgt[i] * C, *restrict bi = b ? b + tgt[i] * C : NULL;
+                /* the columns innermost: independent chains, so the loops vectorize */
+                #pragma omp simd
+                for (int64_t c = 0; c < C; ++c) ai[c] = L[(p - 1) * C + c];
+                if (bi) {
+                    #pragma omp simd
+                    for (int64_t c = 0; c < C; ++c) bi[c] = 0.0;
+                    for (int64_t mm = p - 2; mm >= 0; --mm)
+                        #pragma omp simd
+                        for (int64_t c = 0; c < C; ++c) {
+                            bi[c] = bi[c] * y + ai[c];
+                            ai[c] = ai[c] * y + L[mm * C + c];
+                        }
+                    #pragma omp simd
+                    for (int64_t c = 0; c < C; ++c) bi[c] *= RS2;
+                } else {
+                    for (int64_t mm = p - 2; mm >= 0; --mm)
+                        #pragma omp simd
+                        for (int64_t c = 0; c < C; ++c) ai[c] = ai[c] * y + L[mm * C + c];
                 }
             }
             continue;
@@ -224,18 +237,26 @@ static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const in
                     for (int64_t s = sstart[r]; s < sstart[r + 1]; ++s) {
                         const double d = x - zs[s], e = exp(-0.5 * d * d);
                         const double *vs = v + src[s] * C;
+                        #pragma omp simd
                         for (int64_t c = 0; c < C; ++c) ai[c] += e * vs[c];
-                        if (bi) for (int64_t c = 0; c < C; ++c) bi[c] -= d * e * vs[c];
+                        if (bi) {
+                            #pragma omp simd
+                            for (int64_t c = 0; c < C; ++c) bi[c] -= d * e * vs[c];
+                        }
                     }
                     continue;
                 }
                 hermite((x - scentre[r]) * RS2, p + 1, hh);
                 const double *mr = mom + moment[r] * p * C;
-                for (int64_t c = 0; c < C; ++c) {
-                    double value = 0.0, slope = 0.0;
-                    for (int64_t n = 0; n < p; ++n) { value += mr[n * C + c] * hh[n]; slope += mr[n * C + c] * hh[n + 1]; }
-                    ai[c] += value;
-                    if (bi) bi[c] -= slope * RS2;
+                for (int64_t n = 0; n < p; ++n) {
+                    const double *restrict mn = mr + n * C;
+                    const double hv = hh[n], hs = hh[n + 1] * RS2;
+                    #pragma omp simd
+                    for (int64_t c = 0; c < C; ++c) ai[c] += mn[c] * hv;
+                    if (bi) {
+                        #pragma omp simd
+                        for (int64_t c = 0; c < C; ++c) bi[c] -= mn[c] * hs;
+                    }
                 }
             }
         }

@@ -168,11 +168,17 @@ static void matern_dimension(const void *problem, int64_t d, const lk_uses *u, d
         gap[k] = k > 0 ? c * fabs(key[k] - key[k - 1]) : 0.0;
         decay[k] = exp(-gap[k]);
         /* the rows arrive in random order: ask for one LK_AHEAD entries ahead while copying this one */
+        /* (a target entry ahead gives an address past the values: a prefetch never faults) */
         if (k + LK_AHEAD < n_tot) __builtin_prefetch(P->v + ord[k + LK_AHEAD] * C);
         double *restrict row = vs + k * C;
-        const double *restrict from = P->v + ord[k] * C;
-        if (src[k]) for (int64_t j = 0; j < C; ++j) row[j] = from[j];
-        else for (int64_t j = 0; j < C; ++j) row[j] = 0.0;
+        if (src[k]) {
+            const double *restrict from = P->v + ord[k] * C;
+            #pragma omp simd
+            for (int64_t j = 0; j < C; ++j) row[j] = from[j];
+        } else {
+            #pragma omp simd
+            for (int64_t j = 0; j < C; ++j) row[j] = 0.0;
+        }
     }
     for (int64_t j0 = 0; j0 < C;) {
         const int64_t left = C - j0;
