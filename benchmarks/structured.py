@@ -11,7 +11,11 @@ user's code reaches them through ``kernel(X)``:
 Kernels: ``ScaleKernel(AdditiveStructureKernel(MaternKernel(nu=2.5, ard), d, component_scales))``
 and the same with ``RBFKernel``, float32 inputs (the engines compute the structured sums in float64).
 Engines: ``structured`` and ``cpu`` (lazykern's compiled pair engine, what the chooser picked before
-the structured engine), forced with ``lazykern.settings.engine``. The pair engine is skipped where
+the structured engine), forced with ``lazykern.settings.engine``, and ``ski``: GPyTorch's additive
+SKI, ``ScaleKernel(AdditiveStructureKernel(GridInterpolationKernel(base, grid_size, num_dims=1), d))``
+with GPyTorch's own base kernel at the grid size its examples choose
+(``gpytorch.utils.grid.choose_grid_size`` of one input column), with the relative RMSE of its product
+against the exact one (the structured engine's, with the same hyperparameters) beside its time. The pair engine is skipped where
 its N^2 d work would take more than ``--max-pair-seconds`` (estimated from its measured rate at
 the smallest N). Times are medians of ``--repeats`` runs; ratios are taken within this run.
 
@@ -37,6 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 COLUMNS = 12
+#: The structured engine, lazykern's compiled pair engine, GPyTorch's additive SKI.
+ENGINES = ("structured", "cpu", "ski")
 
 CHILD = r"""
 import json, os, statistics, sys, time
@@ -52,11 +58,22 @@ spec = json.loads(sys.argv[1])
 n, d, engine, task, family = spec["n"], spec["d"], spec["engine"], spec["task"], spec["family"]
 torch.manual_seed(0)
 
-def model(points):
+def lazy_kernel(component_scales):
     base = (lazykern.MaternKernel(nu=2.5, ard_num_dims=d) if family == "matern"
             else lazykern.RBFKernel(ard_num_dims=d))
-    kernel = gpytorch.kernels.ScaleKernel(lazykern.AdditiveStructureKernel(base, num_dims=d, component_scales=True))
+    return gpytorch.kernels.ScaleKernel(lazykern.AdditiveStructureKernel(base, num_dims=d,
+                                                                        component_scales=component_scales))
+
+def ski_kernel(x):
+    base = gpytorch.kernels.MaternKernel(nu=2.5) if family == "matern" else gpytorch.kernels.RBFKernel()
+    grid = gpytorch.utils.grid.choose_grid_size(x[:, :1])
+    spec["grid_size"] = grid
+    return gpytorch.kernels.ScaleKernel(gpytorch.kernels.AdditiveStructureKernel(
+        gpytorch.kernels.GridInterpolationKernel(base, grid_size=grid, num_dims=1), num_dims=d))
+
+def model(points):
     x = torch.randn(points, d)
+    kernel = ski_kernel(x) if engine == "ski" else lazy_kernel(component_scales=True)
     v = torch.randn(points, COLUMNS, requires_grad=task == "gradient")
     return kernel, x, v
 
@@ -68,16 +85,22 @@ def run(kernel, x, v):
     out.square().sum().backward()
     return out
 
-with lazykern.settings.engine(engine), lazykern.settings.max_dense_bytes(0):
+with lazykern.settings.engine("auto" if engine == "ski" else engine), lazykern.settings.max_dense_bytes(0):
     run(*model(300))  # compiles, first imports
     base = rss_mb()
     kernel, x, v = model(n)
     times = []
     for _ in range(spec["repeats"]):
         start = time.perf_counter()
-        run(kernel, x, v)
+        out = run(kernel, x, v)
         times.append(time.perf_counter() - start)
-print("RESULT", json.dumps({"seconds": statistics.median(times), "times": times, "peak_mb": rss_mb() - base}))
+    result = {"seconds": statistics.median(times), "times": times, "peak_mb": rss_mb() - base}
+    if engine == "ski":  # its error against the exact product, same hyperparameters (after the memory reading)
+        with torch.no_grad(), lazykern.settings.engine("structured"):
+            exact = lazy_kernel(component_scales=False)(x.double()) @ v.double()
+        error = (out.detach().double() - exact).square().mean().sqrt() / exact.square().mean().sqrt()
+        result.update(relative_rmse=float(error), grid_size=spec["grid_size"])
+print("RESULT", json.dumps(result))
 """.replace("COLUMNS", str(COLUMNS))
 
 
@@ -99,6 +122,7 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", default=["matern", "rbf"])
     parser.add_argument("--tasks", nargs="+", default=["product", "gradient"])
     parser.add_argument("--max-pair-seconds", type=float, default=120.0)
+    parser.add_argument("--engines", nargs="+", default=["structured", "cpu", "ski"], choices=ENGINES)
     parser.add_argument("--out", type=Path, default=RESULTS / "structured")
     args = parser.parse_args()
     sizes = [tuple(int(v) for v in s.split(":")) for s in args.sizes]
@@ -106,7 +130,7 @@ def main() -> None:
     for family in args.families:
         for task in args.tasks:
             for n, d in sizes:
-                for engine in ("structured", "cpu"):
+                for engine in args.engines:
                     spec = {"n": n, "d": d, "engine": engine, "task": task, "family": family, "repeats": args.repeats}
                     rate = pair_rate.get((family, task))
                     if engine == "cpu" and rate is not None and rate * n * n * d > args.max_pair_seconds:
@@ -119,33 +143,42 @@ def main() -> None:
                     print(json.dumps(records[-1]), flush=True)
     from lazykern.cache_paths import cpu_model
 
-    meta = {"machine": cpu_model(), "cores": os.cpu_count(),
+    meta = {"machine": cpu_model().split("; flags")[0], "cores": os.cpu_count(),  # the model, not its flags
             "date": time.strftime("%Y-%m-%d"), "python": platform.python_version(), "command": " ".join(sys.argv)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "records": records}, indent=1) + "\n")
-    lines = [f"# Structured engine against the compiled pair engine ({meta['date']}, {meta['cores']} cores)", "",
-             f"`{meta['command']}`; float32 inputs, {COLUMNS} right-hand sides, medians of {args.repeats}; "
-             "peak RSS above the warmed-up interpreter.", "",
-             "| kernel | task | N | d | structured | pair engine | ratio | structured peak MB | pair peak MB |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"# Structured engine against the compiled pair engine and GPyTorch's additive SKI "
+             f"({meta['date']}, {meta['cores']} cores)", "",
+             f"`{meta['command']}`; {meta['machine']}; float32 inputs, {COLUMNS} right-hand sides, medians of "
+             f"{args.repeats}; peak RSS above the warmed-up interpreter; SKI at the grid size GPyTorch's examples "
+             "choose, its product's relative RMSE against the exact one.", "",
+             "| kernel | task | N | d | structured | pair engine | ratio | SKI (grid) | SKI relative RMSE "
+             "| structured peak MB | pair peak MB | SKI peak MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by_key = {(r["family"], r["task"], r["n"], r["d"], r["engine"]): r for r in records}
+
+    def cell(r, key="seconds", fmt="{:.4f} s"):
+        if r is None:
+            return "not run"
+        return fmt.format(r[key]) if key in r else r.get("skipped", r.get("error", "-"))
+
     for family in args.families:
         for task in args.tasks:
             for n, d in sizes:
-                s, c = by_key[(family, task, n, d, "structured")], by_key[(family, task, n, d, "cpu")]
-
-                def cell(r, key="seconds", fmt="{:.4f} s"):
-                    return fmt.format(r[key]) if key in r else r.get("skipped", r.get("error", "-"))
-
-                ratio = f"{c['seconds'] / s['seconds']:.0f}x" if "seconds" in s and "seconds" in c else "-"
-                lines.append(f"| {family} | {task} | {n:,} | {d} | {cell(s)} | {cell(c)} | {ratio} | "
-                             f"{cell(s, 'peak_mb', '{:.0f}')} | {cell(c, 'peak_mb', '{:.0f}')} |")
+                s, c, k = (by_key.get((family, task, n, d, e)) for e in ENGINES)
+                ratio = f"{c['seconds'] / s['seconds']:.0f}x" if s and c and "seconds" in s and "seconds" in c else "-"
+                ski = f"{cell(k)} ({k['grid_size']})" if k and "grid_size" in k else cell(k)
+                lines.append(f"| {family} | {task} | {n:,} | {d} | {cell(s)} | {cell(c)} | {ratio} | {ski} | "
+                             f"{cell(k, 'relative_rmse', '{:.1e}')} | {cell(s, 'peak_mb', '{:.0f}')} | "
+                             f"{cell(c, 'peak_mb', '{:.0f}')} | {cell(k, 'peak_mb', '{:.0f}')} |")
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    rows = [line.strip("|").split(" | ") for line in lines[6:]]
+    rows = [line.strip("|").split(" | ") for line in lines[6:]]  # the table's rows, below its two header lines
     header = ", ".join(f'"{h}"' for h in ("kernel", "task", "N", "d", "structured", "pair engine", "ratio",
-                                           "structured peak MB", "pair peak MB"))
+                                           "SKI (grid)", "SKI relative RMSE", "structured peak MB", "pair peak MB",
+                                           "SKI peak MB"))
     rst = [f"Measured {meta['date']} on {meta['machine']} ({meta['cores']} cores) by ``{meta['command']}``: float32 "
-           f"inputs, {COLUMNS} right-hand sides, medians of {args.repeats}, peak RSS above the warmed-up interpreter.",
+           f"inputs, {COLUMNS} right-hand sides, medians of {args.repeats}, peak RSS above the warmed-up interpreter; "
+           "SKI at the grid size GPyTorch's examples choose, its product's relative RMSE against the exact one.",
            "", ".. csv-table::", f"   :header: {header}", ""]
     rst += ["   " + ", ".join('"' + cell.strip().replace('"', "'") + '"' for cell in row) for row in rows]
     args.out.with_suffix(".rst").write_text("\n".join(rst) + "\n")
