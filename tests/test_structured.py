@@ -131,9 +131,12 @@ def test_order_is_reused_while_it_still_sorts(monkeypatch):
 
 
 def test_gauss_plan_bound():
-    """The series' tail and the cutoff meet the bound the plan was asked for."""
-    for tol in (1e-6, 1e-10, 1e-14):
-        p, h, reach = gauss_plan(tol)
+    """The series' tail and the cutoff meet the bound the plan was asked for, at every box width the
+    data's density may choose."""
+    plans = {gauss_plan(tol, density) for tol in (1e-6, 1e-10, 1e-14) for density in (1.0, 128.0, 1e6)}
+    assert len({h for _, h, _ in plans}) >= 3  # sparse and dense data take different boxes
+    for tol, (p, h, reach) in ((tol, gauss_plan(tol, density)) for tol in (1e-6, 1e-10, 1e-14)
+                               for density in (1.0, 128.0, 1e6)):
         cutoff = reach - h / 2
         assert cutoff * math.exp(-cutoff * cutoff / 2) <= tol / 2
         tail = 1.0865 * sum((h / 2) ** n * math.sqrt((n + 1) / math.factorial(n)) for n in range(p, p + 80))

@@ -51,9 +51,9 @@ __all__ = ["gauss_plan", "gauss_reduce"]
 _CRAMER = 1.0865
 #: Box widths tried by :func:`gauss_plan` (in lengthscales): wider boxes need more terms, narrower
 #: ones put more boxes within reach of each target.
-_WIDTHS = (0.5, 1.0, 2.0)
-#: Points per box assumed when weighing a box's cost (p^2 per box pair) against a point's (p).
-_POINTS_PER_BOX = 64
+_WIDTHS = (0.125, 0.25, 0.5, 1.0, 2.0)
+#: Points per lengthscale assumed where the data's is not given: 64 points in a box of half a lengthscale.
+_DENSITY = 128.0
 
 
 def _truncation_bound(p: int, h: float) -> float:
@@ -72,14 +72,28 @@ def _truncation_bound(p: int, h: float) -> float:
 
 
 @functools.lru_cache(maxsize=None)
-def gauss_plan(tol: float) -> tuple[int, float, float]:
+def _terms(tol: float, h: float) -> int:
+    """The fewest terms whose truncation error in boxes of width ``h`` is within ``tol / 2``."""
+    p = 1
+    while _truncation_bound(p, h) > tol / 2:
+        p += 1
+    return p
+
+
+@functools.lru_cache(maxsize=None)
+def gauss_plan(tol: float, density: float = _DENSITY) -> tuple[int, float, float]:
     """``(p, h, reach)``: terms, box width and the reach ``R + h/2`` of the box centres a target
-    sums, for the error bound ``tol`` (per unit of :math:`\\sum_j |v_j|`), the cheapest of
-    the box widths ``_WIDTHS``.
+    sums, for the error bound ``tol`` (per unit of :math:`\sum_j |v_j|`): of the box widths
+    ``_WIDTHS``, the one of least work per point when there are ``density`` points per
+    lengthscale. Each point costs :math:`2p` (its moments, its Horner steps) and each pair of boxes
+    within reach :math:`p^2`, shared by the points of a box: dense data takes narrow boxes and
+    few terms, sparse data wide boxes.
 
     Example:
         >>> p, h, reach = gauss_plan(1e-10)
         >>> 8 <= p <= 40 and reach > 7
+        True
+        >>> gauss_plan(1e-10, density=1e5)[1] < gauss_plan(1e-10, density=10.0)[1]
         True
     """
     if not 0.0 < tol < 1.0:
@@ -89,13 +103,18 @@ def gauss_plan(tol: float) -> tuple[int, float, float]:
         cutoff += 0.01
     best = None
     for h in _WIDTHS:
-        p = 1
-        while _truncation_bound(p, h) > tol / 2:
-            p += 1
-        cost = p + p * p * (2 * (cutoff + h) / h + 1) / _POINTS_PER_BOX
+        p = _terms(tol, h)
+        cost = 2 * p + p * p * (2 * (cutoff + h) / h + 1) / max(1.0, density * h)
         if best is None or cost < best[0]:
             best = (cost, p, h, cutoff + h / 2)
     return best[1], best[2], best[3]
+
+
+def _density(key: Tensor) -> float:
+    """Points per lengthscale of sorted rows ``key`` (inputs divided by the lengthscale), rounded
+    down to a power of two so that a training loop's plans come from a few cached ones."""
+    spread = float((key[:, -1] - key[:, 0]).max()) if key.shape[-1] > 1 else 0.0
+    return 2.0 ** math.floor(math.log2(max(1.0, key.shape[-1] / max(spread, 1e-300))))
 
 
 _SOURCE = COMBINE_SOURCE + r"""
@@ -315,4 +334,4 @@ def gauss_reduce(order: Tensor, key: Tensor, num_sources: int, values: Tensor, t
         True
     """
     fn = load_source(_SOURCE, "lk_gauss_additive", _ARGTYPES)
-    return reduce(fn, gauss_plan(tol), order, key, num_sources, values, scales, **uses)
+    return reduce(fn, gauss_plan(tol, _density(key)), order, key, num_sources, values, scales, **uses)
