@@ -1,13 +1,28 @@
 r"""The structured engine as the chooser lists it: first-order additive Matérn and RBF formulas.
 
-It takes :class:`~lazykern.formulas.stationary.StationaryFormula` s with ``additive=True`` of the ``"matern"``
-(any half-integer nu) and ``"rbf"`` families on CPU tensors, whose only tensor parameter is the
-per-dimension ``scales`` (the inputs arrive divided by the lengthscales), alone or
-:class:`~lazykern.formulas.composite.Scaled` by an ``outputscale`` — what ``AdditiveStructureKernel(MaternKernel(...))``
-and ``AdditiveStructureKernel(RBFKernel())`` build, with or without component scales, inside
-``ScaleKernel`` or not (and a projected additive kernel of such terms). The output scale is folded
-into the per-dimension scales in torch, so its gradient is autograd's. Everything else stays on the
-other engines.
+It takes, on CPU tensors, every formula that is a weighted sum of one-dimensional half-integer
+Matérn or Gaussian terms, one per input dimension, alone or
+:class:`~lazykern.formulas.composite.Scaled` by an ``outputscale``:
+
+* :class:`~lazykern.formulas.stationary.StationaryFormula` s with ``additive=True`` of the
+  ``"matern"`` (any half-integer nu) and ``"rbf"`` families, whose only tensor parameter is the
+  per-dimension ``scales`` (the inputs arrive divided by the lengthscales) — what
+  ``AdditiveStructureKernel(MaternKernel(...))`` and ``AdditiveStructureKernel(RBFKernel())``
+  build, with or without component scales, inside ``ScaleKernel`` or not (and a projected
+  additive kernel of such terms);
+* :class:`~lazykern.formulas.interactions.InteractionFormula` s of ``max_degree=1``: a
+  first-order ``NewtonGirardAdditiveKernel`` of such terms (:math:`\frac{\sigma_1^2}{D} \sum_d s_d k_d`,
+  the first normalized elementary symmetric polynomial),
+  and a first-order ``OrthogonalAdditiveKernel``, whose terms are Gaussian kernels made orthogonal
+  to the input measure. On its features :math:`u = (x - \mu)/\ell` and :math:`a(u)`
+  (:func:`~lazykern.formulas.interactions.orthogonal_rbf_features`) each such term is
+  :math:`e^{-(u - u')^2/2} - a(u)\, a(u')` in both of the forms the formula writes, a Gaussian
+  term less a rank-one correction, so
+  :math:`\tilde K V = \frac{\sigma_1^2}{D} \big(\sum_d s_d K_d V - (A \operatorname{diag}(s)) (A'^\top V)\big)`:
+  the structured sum and two thin products, differentiated by torch.
+
+The output and order scales are folded into the per-dimension scales in torch, so their gradients
+are autograd's. Everything else stays on the other engines.
 
 Products cost :math:`O((N + M)\, d\, C)` after one sort per dimension
 (:mod:`lazykern.structured.additive`); the Gaussian's are within
@@ -19,14 +34,15 @@ differentiable to any order.
 
 from __future__ import annotations
 
-from typing import Mapping
+import dataclasses
+from typing import Mapping, NamedTuple
 
 import torch
 from torch import Tensor
 
 from .. import row_blocks, settings
 from ..engine import Engine, Formula, Gradients
-from ..formulas import Scaled, StationaryFormula
+from ..formulas import InteractionFormula, Scaled, StationaryFormula
 from .additive import gradients, product
 
 __all__ = ["ENGINE", "StructuredEngine"]
@@ -41,11 +57,50 @@ def _parameter(formula: StationaryFormula, dtype: torch.dtype) -> float:
     return settings.structured_tolerance.for_dtype(dtype)
 
 
-def _terms(formula: Formula, params: Mapping[str, Tensor]) -> tuple[Formula, Tensor]:
-    """The additive formula and its effective per-dimension scales (an output scale folded in)."""
+class _Additive(NamedTuple):
+    """A formula's first-order additive form: the additive formula of its one-dimensional terms,
+    its effective per-dimension scales (outer scales folded in), and whether each term is OAK's
+    orthogonal Gaussian term (its inputs then the OAK features)."""
+
+    terms: StationaryFormula
+    scales: Tensor
+    orthogonal: bool
+
+
+def _additive(formula: Formula, params: Mapping[str, Tensor]) -> _Additive | None:
+    """The first-order additive form of ``formula`` with ``params``, or ``None`` where it has none."""
+    names, outer = set(params), None
     if isinstance(formula, Scaled):
-        return formula.formula, params["outputscale"] * params["scales"]
-    return formula, params["scales"]
+        formula, outer, names = formula.formula, params["outputscale"], names - {"outputscale"}
+    if isinstance(formula, StationaryFormula):
+        if not (formula.additive and formula.family in _FAMILIES and names == {"scales"}):
+            return None
+        form = _Additive(formula, params["scales"], False)
+    elif isinstance(formula, InteractionFormula):
+        family_ok = formula.kind == "orthogonal" or (formula.kind == "base" and formula.base.family in _FAMILIES)
+        if not (formula.max_degree == 1 and family_ok and names == {"scales", "order_variances"}):
+            return None
+        terms = dataclasses.replace(formula.base, additive=True)
+        scales = params["scales"]  # the first order is normalized: sigma_1^2 / D times the sum over D dimensions
+        form = _Additive(terms, params["order_variances"] * scales / scales.shape[-1], formula.kind == "orthogonal")
+    else:
+        return None
+    return form if outer is None else form._replace(scales=outer * form.scales)
+
+
+def _product(form: _Additive, x1: Tensor, x2: Tensor, rhs: Tensor) -> Tensor:
+    """``K(x1, x2) @ rhs`` of an additive form, differentiable (``x1 is x2`` for one set)."""
+    if not form.orthogonal:
+        return _Matmul.apply(form.terms, x1, x2, form.scales, rhs)
+    d = x1.shape[-1] // 5  # the OAK features [u, g, a, log a, m], D columns each
+
+    def parts(x: Tensor) -> tuple[Tensor, Tensor]:
+        return x[..., :d], x[..., 2 * d:3 * d]
+
+    u1, a1 = parts(x1)
+    u2, a2 = (u1, a1) if x2 is x1 else parts(x2)
+    correction = (a1 * form.scales) @ (a2.transpose(-1, -2) @ rhs)  # the rank-one parts, O((N + M) d C)
+    return _Matmul.apply(form.terms, u1, u2, form.scales, rhs) - correction
 
 
 def _batched(x1: Tensor, x2: Tensor, scales: Tensor, rhs: Tensor) -> tuple[torch.Size, list[tuple]]:
@@ -124,27 +179,24 @@ class StructuredEngine(Engine):
     products_beat_dense = True
 
     def supports(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
-        scaled = isinstance(formula, Scaled)
-        base = formula.formula if scaled else formula
+        form = _additive(formula, params)
         return (
-            isinstance(base, StationaryFormula)
-            and base.additive
-            and base.family in _FAMILIES
-            and set(params) == ({"scales", "outputscale"} if scaled else {"scales"})
+            form is not None
             and x1.device.type == "cpu"
             and x2.device.type == "cpu"
             and x1.shape[-1] == x2.shape[-1]
+            and (not form.orthogonal or x1.shape[-1] % 5 == 0)
         )
 
     def matmul(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
         if not self.supports(formula, x1, x2, params):
             raise ValueError(
                 "the structured engine evaluates first-order additive Matérn and RBF kernels "
-                f"(StationaryFormula(additive=True), parameters {{'scales'}}, optionally Scaled) on CPU tensors; got {formula!r} "
+                "(StationaryFormula(additive=True) with parameters {'scales'}, or InteractionFormula(max_degree=1) "
+                f"of such terms or OAK's, optionally Scaled) on CPU tensors; got {formula!r} "
                 f"with parameters {sorted(params)} on {x1.device}"
             )
-        base, scales = _terms(formula, params)
-        return _Matmul.apply(base, x1, x2, scales, rhs)
+        return _product(_additive(formula, params), x1, x2, rhs)
 
     def fuses_symmetric_gradient(self, formula: Formula) -> bool:
         return True
@@ -160,8 +212,7 @@ class StructuredEngine(Engine):
             wanted = [t for t in (x, *leaves.values()) if t.requires_grad]
             if not wanted:
                 return None, None, {name: None for name in params}
-            base, scales = _terms(formula, leaves)
-            out = _Matmul.apply(base, x, x, scales, right.detach())
+            out = _product(_additive(formula, leaves), x, x, right.detach())
             grads = iter(torch.autograd.grad(out, wanted, left.detach()))
         grad_x = next(grads) if x.requires_grad else None
         return grad_x, None, {name: next(grads) if p.requires_grad else None for name, p in leaves.items()}

@@ -82,7 +82,7 @@ def _terms(tol: float, h: float) -> int:
 
 @functools.lru_cache(maxsize=None)
 def gauss_plan(tol: float, density: float = _DENSITY) -> tuple[int, float, float]:
-    """``(p, h, reach)``: terms, box width and the reach ``R + h/2`` of the box centres a target
+    r"""``(p, h, reach)``: terms, box width and the reach ``R + h/2`` of the box centres a target
     sums, for the error bound ``tol`` (per unit of :math:`\sum_j |v_j|`): of the box widths
     ``_WIDTHS``, the one of least work per point when there are ``density`` points per
     lengthscale. Each point costs :math:`2p` (its moments, its Horner steps) and each pair of boxes
