@@ -31,6 +31,19 @@ def test_kernel_names_and_max_degree():
         build_model(torch.randn(5, 2), torch.randn(5), make_kernel("rbf-ard", 2), max_degree=2)
 
 
+def test_projected_kernel_names_and_num_projections():
+    kernel = make_kernel("rpa-rbf", 5)
+    assert isinstance(kernel.base_kernel, lazykern.ProjectedAdditiveKernel)
+    assert kernel.base_kernel.projections.shape == (5, lazykern.kernel_names.default_num_projections(5)) == (5, 10)
+    assert make_kernel("dpa-matern52", 5, num_projections=3).base_kernel.projections.shape == (5, 3)
+    with pytest.raises(ValueError, match="num_projections applies to the dpa-matern52, dpa-rbf, rpa-matern52, rpa-rbf"):
+        make_kernel("oak", 5, num_projections=3)
+    with pytest.raises(ValueError, match="num_projections must be a positive int or None, got 0"):
+        make_kernel("dpa-rbf", 5, num_projections=0)
+    with pytest.raises(ValueError, match="num_projections applies to kernels given by name"):
+        build_model(torch.randn(5, 2), torch.randn(5), make_kernel("rbf-ard", 2), num_projections=2)
+
+
 @pytest.mark.parametrize(
     "name, width",
     [("rbf-ard", 16), ("gpytorch-rbf-ard", 16), ("additive-rbf", 1), ("additive-ng", 16), ("oak", 3)],

@@ -134,12 +134,20 @@ class ProjectedAdditiveKernel(WeightedTermsKernel):
         self.component_scales = 1.0 / num_projections
 
     def formula_arguments(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        projected = self._project(x1)
+        projected = self.project(x1)
         # K(X, X) keeps one tensor for both sides: the operator takes its gradient in one fused reduction.
-        return additive_formula_arguments(self, projected, projected if x2 is x1 else self._project(x2))
+        return additive_formula_arguments(self, projected, projected if x2 is x1 else self.project(x2))
 
-    def _project(self, x: Tensor) -> Tensor:
-        """``x @ W``: ``(..., N, d) -> (..., N, J)``, in the promoted dtype of ``x`` and ``W``."""
+    def project(self, x: Tensor) -> Tensor:
+        """The projections :math:`w_j^\top x` the terms see: ``x @ W``, ``(..., N, d) -> (..., N, J)``,
+        in the promoted dtype of ``x`` and ``W``.
+
+        Example:
+            >>> import torch, lazykern
+            >>> kernel = lazykern.ProjectedAdditiveKernel(lazykern.RBFKernel(), num_dims=3, num_projections=5)
+            >>> kernel.project(torch.randn(10, 3)).shape
+            torch.Size([10, 5])
+        """
         dtype = torch.promote_types(x.dtype, self.projections.dtype)
         return x.to(dtype) @ self.projections.to(dtype)
 
