@@ -14,6 +14,7 @@ import math
 
 import gpytorch
 import torch
+from gpytorch.constraints import GreaterThan
 from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor
 
@@ -21,7 +22,8 @@ from .. import kernels as lazy_kernels
 from ..kernel_names import INTERACTION_KERNELS, KERNELS, PROJECTED_KERNELS, default_num_projections
 from ..validation import check_floating_matrix, check_positive_int
 
-__all__ = ["DEFAULT_MAX_DEGREE", "INITIAL_NOISE", "TOP_ORDER_SHARE", "ExactGPRegressor", "build_model", "initialize",
+__all__ = ["DEFAULT_MAX_DEGREE", "DISCRETE_FLOOR", "DISCRETE_MAX_LEVELS", "INITIAL_NOISE", "TOP_ORDER_SHARE",
+           "ExactGPRegressor", "build_model", "discrete_columns", "floor_discrete_lengthscales", "initialize",
            "make_kernel"]
 
 
@@ -38,7 +40,12 @@ pumadyn32nm (1,500 points, ARD RBF, L-BFGS): from GPyTorch's default 0.69, or fr
 converges to the mean predictor (outputscale 1e-5, noise 1.0); from 0.01 it finds the fit."""
 #: Share of a Newton–Girard kernel's initial variance on its top order (see :func:`initialize`).
 TOP_ORDER_SHARE = 0.9
-
+#: Most distinct values of a column taken as binary or categorical (:func:`discrete_columns`):
+#: UCI bike's month has 12, its season and weather 4, its weekday 7, its hour (24) is continuous.
+DISCRETE_MAX_LEVELS = 12
+#: Lengthscale floor of a binary or categorical input, as a fraction of the smallest gap between its
+#: values (:func:`floor_discrete_lengthscales`).
+DISCRETE_FLOOR = 1.0 / 3.0
 
 
 def make_kernel(name: str, num_dims: int, max_degree: int | None = None, num_projections: int | None = None) -> Kernel:
@@ -151,8 +158,9 @@ def build_model(
 ) -> tuple[ExactGPRegressor, gpytorch.likelihoods.GaussianLikelihood]:
     """An :class:`ExactGPRegressor` and its Gaussian likelihood, in the dtype and on the device of ``train_x``.
 
-    A kernel given by name is built by :func:`make_kernel` and initialized by :func:`initialize`;
-    a kernel module is used as it is. The noise variance starts at :data:`INITIAL_NOISE`.
+    A kernel given by name is built by :func:`make_kernel`, initialized by :func:`initialize`, and
+    its lengthscales of binary and categorical inputs bounded below by
+    :func:`floor_discrete_lengthscales`; a kernel module is used as it is. The noise variance starts at :data:`INITIAL_NOISE`.
 
     Args:
         train_x: ``(n, d)`` float32/float64 training inputs.
@@ -175,6 +183,7 @@ def build_model(
     if isinstance(kernel, str):
         kernel = make_kernel(kernel, train_x.shape[1], max_degree, num_projections)
         initialize(kernel, train_x.shape[1])
+        floor_discrete_lengthscales(kernel, train_x)
     elif max_degree is not None or num_projections is not None:
         flag = "max_degree" if max_degree is not None else "num_projections"
         raise ValueError(f"{flag} applies to kernels given by name; set it on the kernel module instead")
@@ -245,3 +254,70 @@ def _lengthscale_owner(kernel: Kernel, num_dims: int) -> tuple[Kernel, int, Kern
     else:
         raise TypeError(f"initialize knows stationary, additive and interaction kernels, got {type(inner).__name__}")
     return inner, width, base
+
+
+def discrete_columns(train_x: Tensor) -> dict[int, float]:
+    """The binary and categorical columns of ``train_x`` and the smallest gap between two of each
+    one's values: columns with 2 to :data:`DISCRETE_MAX_LEVELS` distinct values, and at most half
+    as many as there are rows (so that a handful of continuous points is not taken for categories).
+
+    Example:
+        >>> import torch
+        >>> from lazykern.regression import discrete_columns
+        >>> x = torch.stack([torch.arange(40.0) % 2, torch.randn(40), (torch.arange(40.0) % 4) / 2], -1)
+        >>> discrete_columns(x)   # column 0: binary, gap 1; column 2: four levels 0.5 apart
+        {0: 1.0, 2: 0.5}
+    """
+    check_floating_matrix("train_x", train_x)
+    found = {}
+    for column in range(train_x.shape[-1]):
+        levels = torch.unique(train_x[..., column].detach())
+        if 2 <= levels.numel() <= min(DISCRETE_MAX_LEVELS, train_x.shape[-2] // 2):
+            found[column] = float(levels.diff().min())
+    return found
+
+
+def floor_discrete_lengthscales(kernel: Kernel, train_x: Tensor) -> dict[int, float]:
+    r"""Bound the lengthscale of each binary or categorical input (:func:`discrete_columns`) below by
+    :data:`DISCRETE_FLOOR` times the smallest gap :math:`\Delta` between its values; returns the floors.
+
+    An input with a few values shows the likelihood the kernel at distances 0 and multiples of
+    :math:`\Delta` only. Once the lengthscale is a fraction of :math:`\Delta` the kernel between
+    different values is close to 0 and stays so as it shrinks: the likelihood is flat there, and
+    the optimizer may drift to lengthscales near 0 (OAK on UCI bike's binary inputs) where float32
+    rounding and the orthogonal kernel's normalizers break down. At :math:`\ell = \Delta / 3` the
+    kernel between neighbouring values is already 0.011 (RBF) or 0.027 (Matérn 5/2): the floor
+    keeps the model able to treat the values as unrelated and removes only the flat direction.
+    The lengthscale starts at twice its floor where :func:`initialize`'s start is below it.
+
+    Applies to kernels with one lengthscale per input (the ARD, additive and interaction kernels);
+    a projected kernel's terms each see a mix of inputs, and nothing is bounded there.
+
+    Args:
+        kernel: the covariance module (e.g. from :func:`make_kernel`).
+        train_x: ``(n, d)`` training inputs.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.regression import floor_discrete_lengthscales, make_kernel
+        >>> x = torch.stack([torch.arange(40.0) % 2, torch.randn(40)], -1)
+        >>> kernel = make_kernel("rbf-ard", 2)
+        >>> floor_discrete_lengthscales(kernel, x)
+        {0: 0.3333333333333333}
+        >>> _ = kernel.base_kernel.raw_lengthscale.data.fill_(-50.0)   # as far down as training could go
+        >>> [round(v, 4) for v in kernel.base_kernel.lengthscale.squeeze().tolist()]   # the binary input stops at 1/3
+        [0.3333, 0.0]
+    """
+    check_floating_matrix("train_x", train_x)
+    _, _, base = _lengthscale_owner(kernel, train_x.shape[-1])
+    columns = discrete_columns(train_x)
+    lengthscale = base.lengthscale.detach()
+    if not columns or lengthscale.shape[-1] != train_x.shape[-1]:
+        return {}
+    floor = torch.zeros_like(lengthscale)
+    for column, gap in columns.items():
+        floor[..., column] = DISCRETE_FLOOR * gap
+    base.register_constraint("raw_lengthscale", GreaterThan(floor))
+    base.lengthscale = torch.maximum(lengthscale, 2 * floor)
+    return {column: DISCRETE_FLOOR * gap for column, gap in columns.items()}
+
