@@ -39,7 +39,7 @@ INTERACTION_KERNELS: tuple[str, ...] = ("additive-ng", "oak")
 """The kernels with interaction orders 1..R, the ones that take a ``max_degree`` (``--max-degree``)."""
 
 PROJECTED_KERNELS: tuple[str, ...] = ("dpa-matern52", "dpa-rbf", "rpa-matern52", "rpa-rbf")
-"""Sums of one-dimensional kernels on J projections of the inputs (:class:`lazykern.ProjectedAdditiveKernel`),
+"""Sums of one-dimensional kernels on J projections of the inputs (:class:`lazykern.kernels.ProjectedAdditiveKernel`),
 diverse (``dpa-``) or random (``rpa-``) directions; the ones that take a ``num_projections`` (``--projections``)."""
 
 COMPONENT_KERNELS: tuple[str, ...] = ("additive-rbf", "additive-matern52", *INTERACTION_KERNELS)

@@ -38,7 +38,7 @@ class ComponentAnalysis:
     """Result of :func:`component_analysis` (standardized units of inputs and targets).
 
     D is the number of first-order components: the inputs, or for a
-    :class:`~lazykern.ProjectedAdditiveKernel` its J projections (component j a function of
+    :class:`~lazykern.kernels.ProjectedAdditiveKernel` its J projections (component j a function of
     :math:`w_j^\top x`, its axis that projection; ``axes`` says which).
 
     Attributes:
@@ -141,7 +141,7 @@ def component_analysis(
             :class:`~lazykern.kernels.NewtonGirardAdditiveKernel`,
             :class:`~lazykern.kernels.OrthogonalAdditiveKernel`,
             :class:`~lazykern.kernels.AdditiveStructureKernel` or
-            :class:`~lazykern.ProjectedAdditiveKernel` (one component per projection), optionally
+            :class:`~lazykern.kernels.ProjectedAdditiveKernel` (one component per projection), optionally
             inside a ``ScaleKernel``.
         grid_size: points T along each axis.
         variance_max_n: compute component variances (one dense Cholesky factor, O(N²) memory) up

@@ -61,7 +61,7 @@ def make_kernel(name: str, num_dims: int, max_degree: int | None = None, num_pro
     * ``dpa-matern52`` / ``dpa-rbf`` / ``rpa-matern52`` / ``rpa-rbf``: :math:`s \sum_j w_j\, k(u_j^\top x,
       u_j^\top x')` over J unit directions :math:`u_j`, diverse (DPA) or random (RPA), fixed, with
       one shared lengthscale and learned weights :math:`w_j`
-      (:class:`lazykern.ProjectedAdditiveKernel`);
+      (:class:`lazykern.kernels.ProjectedAdditiveKernel`);
     * ``rbf-ard`` / ``matern52-ard``: lazykern's full-dimensional ARD kernels
       (:class:`lazykern.kernels.RBFKernel`, :class:`lazykern.kernels.MaternKernel`);
     * ``gpytorch-rbf-ard``: GPyTorch's own :class:`gpytorch.kernels.RBFKernel`, the baseline.
@@ -200,7 +200,7 @@ def initialize(kernel: Kernel, num_dims: int) -> None:
     ARD and other full-dimensional stationary kernels: :math:`w = d`; interaction kernels
     (:class:`~lazykern.kernels.NewtonGirardAdditiveKernel`, OAK): :math:`w = R`, the highest order;
     :class:`~lazykern.kernels.GroupAdditiveKernel`: the largest group; first-order additive
-    kernels: :math:`w = 1`, and so :class:`~lazykern.ProjectedAdditiveKernel` (each term sees one
+    kernels: :math:`w = 1`, and so :class:`~lazykern.kernels.ProjectedAdditiveKernel` (each term sees one
     projection :math:`u^\top x` of a unit direction, of variance about 1 for standardized inputs).
     A ``ScaleKernel`` is looked through. Inputs are assumed standardized.
 
