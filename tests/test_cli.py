@@ -320,7 +320,7 @@ def test_the_warm_up_compiles_the_dtypes_training_runs(flags, dtypes, monkeypatc
     monkeypatch.setattr(warmup, "precompile", precompile)
     args = build_parser().parse_args(["demo", *flags])
     data = type("Data", (), {"d": 3, "n_train": 200})()
-    train._warm_up("additive-rbf", None, data, torch.device("cpu"), getattr(torch, args.dtype), args)
+    train._warm_up("additive-rbf", None, None, data, torch.device("cpu"), getattr(torch, args.dtype), args)
     assert seen == dtypes
 
 
