@@ -380,7 +380,7 @@ def test_projected_kernels_train_and_report_each_projections_share(uci_fixture, 
     assert (record["kernel"], record["num_projections"], record["d"]) == (kernel, count, 6)
     assert record["component_axes"] == "projections" and record["total_effects_kind"] == "first-order"
     assert len(record["dimension_shares"]) == count and record["order_shares"] == [1.0]
-    assert "top projections     p" in captured.err and f"the projection w_j^T x, {count} of them" in captured.err
+    assert "top projections     p" in captured.err and f"the projection w_j^T x of the j-th direction, {count} of them" in captured.err
     assert len(record["hyperparameters"]["covar_module.base_kernel.component_scales"]) == count
 
 

@@ -60,5 +60,5 @@ def report_lines(
         "                    (total effect: the share of the posterior mean's variance in every term that involves "
         f"the input, of every order, i.e. its total Sobol index; {how}. First-order share: the share in its "
         "first-order component alone)"
-        + (f"; p{{j}} is the projection w_j^T x, {len(totals)} of them" if projections else ""),
+        + (f"; pj is the projection w_j^T x of the j-th direction, {len(totals)} of them" if projections else ""),
     ]
