@@ -8,8 +8,8 @@ checks them before importing anything heavy (``lazykern --help`` answers at once
 from __future__ import annotations
 
 __all__ = [
-    "KERNELS", "DEFAULT_KERNEL", "COMPARE_KERNELS", "INTERACTION_KERNELS", "COMPONENT_KERNELS", "GPYTORCH_KERNELS",
-    "OPTIMIZERS", "TOLERANCES",
+    "KERNELS", "DEFAULT_KERNEL", "COMPARE_KERNELS", "INTERACTION_KERNELS", "PROJECTED_KERNELS", "COMPONENT_KERNELS",
+    "GPYTORCH_KERNELS", "OPTIMIZERS", "TOLERANCES", "PROJECTIONS_PER_DIMENSION", "default_num_projections",
 ]
 
 KERNELS: tuple[str, ...] = (
@@ -17,6 +17,10 @@ KERNELS: tuple[str, ...] = (
     "additive-matern52",
     "additive-ng",
     "oak",
+    "dpa-matern52",
+    "dpa-rbf",
+    "rpa-matern52",
+    "rpa-rbf",
     "rbf-ard",
     "matern52-ard",
     "gpytorch-rbf-ard",
@@ -33,6 +37,10 @@ and GPyTorch's own :class:`gpytorch.kernels.RBFKernel`."""
 
 INTERACTION_KERNELS: tuple[str, ...] = ("additive-ng", "oak")
 """The kernels with interaction orders 1..R, the ones that take a ``max_degree`` (``--max-degree``)."""
+
+PROJECTED_KERNELS: tuple[str, ...] = ("dpa-matern52", "dpa-rbf", "rpa-matern52", "rpa-rbf")
+"""Sums of one-dimensional kernels on J projections of the inputs (:class:`lazykern.kernels.ProjectedAdditiveKernel`),
+diverse (``dpa-``) or random (``rpa-``) directions; the ones that take a ``num_projections`` (``--projections``)."""
 
 COMPONENT_KERNELS: tuple[str, ...] = ("additive-rbf", "additive-matern52", *INTERACTION_KERNELS)
 """The kernels made of additive components, for which a trained model's order and dimension shares
@@ -59,3 +67,18 @@ goes on with 1e-6 for 193 to -0.324 (0.146); over pol, elevators and pumadyn32nm
 no run ended at a higher loss with 1e-6. Test RMSE moves both ways at the third decimal (the
 "UCI results" page has the table). Adam's stochastic conjugate-gradient loss is noisy from step
 to step: its plateau rule keeps 1e-4."""
+
+
+PROJECTIONS_PER_DIMENSION = 2
+"""The projected kernels' number of projections per input dimension unless ``num_projections``
+(``--projections``) says otherwise (:func:`default_num_projections`)."""
+
+
+def default_num_projections(num_dims: int) -> int:
+    """J for a projected kernel on ``num_dims`` inputs: :data:`PROJECTIONS_PER_DIMENSION` per input.
+
+    Example:
+        >>> default_num_projections(26)
+        52
+    """
+    return PROJECTIONS_PER_DIMENSION * num_dims

@@ -41,7 +41,7 @@ from . import settings
 
 Formula = Callable[..., object]
 
-__all__ = ["block", "pairwise_params", "block_rows", "row_blocks", "rows_per_chunk", "vjp"]
+__all__ = ["block", "pairwise_params", "block_columns", "block_rows", "row_blocks", "rows_per_chunk", "vjp"]
 
 
 def pairwise_params(params: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -69,12 +69,22 @@ def row_blocks(n: int, step: int) -> list[slice]:
 
 def block_rows(formula: Formula, x1: Tensor, x2: Tensor, params: Sequence[Tensor]) -> int:
     """Rows per block of ``formula`` on these inputs, within ``settings.chunk_bytes``."""
+    return rows_per_chunk(x2.shape[-2], _pair_items(formula, x1, x2, params), x2.element_size())
+
+
+def block_columns(formula: Formula, x1: Tensor, x2: Tensor, params: Sequence[Tensor]) -> int:
+    """Columns per block of one row of ``formula`` on these inputs: all ``M`` where a row fits
+    ``settings.chunk_bytes``, else as many as fit (a projected kernel's row of 10^4 points and
+    500 terms is 20 MB in float32 per temporary, five times the default chunk)."""
+    return min(x2.shape[-2], rows_per_chunk(1, _pair_items(formula, x1, x2, params), x2.element_size()))
+
+
+def _pair_items(formula: Formula, x1: Tensor, x2: Tensor, params: Sequence[Tensor]) -> int:
     # A block holds rows x M x (numbers per pair) for every member of the kernel's batch at once. A
     # formula that multiplies matrices instead of broadcasting (the NTK's) says how many numbers it
     # holds per pair; the default is the D of a distance-based formula's broadcast.
     batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2], *(p.shape[:-2] for p in params))
-    width = getattr(formula, "pair_width", x2.shape[-1])
-    return rows_per_chunk(x2.shape[-2], batch.numel() * width, x2.element_size())
+    return batch.numel() * getattr(formula, "pair_width", x2.shape[-1])
 
 
 # ---------------------------------------------------------------------------- derivatives of any order

@@ -40,7 +40,8 @@ def _flush_subnormals_(values: Tensor) -> None:
 
 
 class _RowBlocks(torch.autograd.Function):
-    """Row blocks of a formula (times ``rhs``), written into one preallocated output.
+    """Row blocks of a formula (times ``rhs``), written into one preallocated output; a row whose
+    temporaries exceed the chunk is itself taken in blocks of columns.
 
     Writing into a preallocated result (rather than concatenating block outputs) matters: small
     block outputs interleaved with large freed temporaries fragment the C heap, and peak RSS then grew
@@ -48,17 +49,24 @@ class _RowBlocks(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, formula, names, step, x1, x2, *tensors):  # noqa: D102 - autograd protocol
+    def forward(ctx, formula, names, step, columns, x1, x2, *tensors):  # noqa: D102 - autograd protocol
         out = None
         dense = len(tensors) == len(names)
+        params, rhs = tensors[: len(names)], tensors[len(names):]
         for rows in row_blocks.row_blocks(x1.shape[-2], step):
-            values = row_blocks.block(formula, x1[..., rows, :], x2, names, *tensors)
-            if dense:
-                _flush_subnormals_(values)
-            if out is None:
-                out = values.new_empty(*values.shape[:-2], x1.shape[-2], values.shape[-1])
-            out[..., rows, :] = values
-            del values
+            for cols in row_blocks.row_blocks(x2.shape[-2], columns):
+                values = row_blocks.block(formula, x1[..., rows, :], x2[..., cols, :], names, *params,
+                                          *(r[..., cols, :] for r in rhs))
+                if dense:
+                    _flush_subnormals_(values)
+                if out is None:
+                    width = x2.shape[-2] if dense else values.shape[-1]
+                    out = (values.new_empty if dense else values.new_zeros)(*values.shape[:-2], x1.shape[-2], width)
+                if dense:
+                    out[..., rows, cols] = values
+                else:
+                    out[..., rows, :] += values
+                del values
         ctx.formula, ctx.names = formula, names
         ctx.save_for_backward(x1, x2, *tensors)
         return out
@@ -66,14 +74,14 @@ class _RowBlocks(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):  # noqa: D102 - autograd protocol
         # One path for every order: without create_graph the blocks' products build no graph.
-        grads = row_blocks.vjp(ctx.formula, ctx.names, ctx.saved_tensors, ctx.needs_input_grad[3:], grad_out)
-        return (None, None, None, *grads)
+        grads = row_blocks.vjp(ctx.formula, ctx.names, ctx.saved_tensors, ctx.needs_input_grad[4:], grad_out)
+        return (None, None, None, None, *grads)
 
 
 def rowwise(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor | None) -> Tensor:
     """``K(x1, x2) @ rhs`` (``rhs=None``: the dense ``(..., N, M)`` matrix, entries below the normal
-    range written as zeros) in row blocks within :class:`lazykern.settings.chunk_bytes`,
-    differentiable to any order in every tensor.
+    range written as zeros) in row blocks within :class:`lazykern.settings.chunk_bytes` (and a row
+    in blocks of columns where one row exceeds it), differentiable to any order in every tensor.
 
     Args:
         formula: a kernel formula.
@@ -84,8 +92,9 @@ def rowwise(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tenso
     """
     names = tuple(params)
     tensors = tuple(params.values()) + (() if rhs is None else (rhs,))
-    return _RowBlocks.apply(formula, names, row_blocks.block_rows(formula, x1, x2, params.values()), x1, x2, *tensors)
-
+    values = params.values()
+    return _RowBlocks.apply(formula, names, row_blocks.block_rows(formula, x1, x2, values),
+                            row_blocks.block_columns(formula, x1, x2, values), x1, x2, *tensors)
 
 
 class TorchEngine(Engine):

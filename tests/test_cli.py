@@ -189,6 +189,12 @@ def test_version_is_the_package_version(capsys):
          "--max-degree applies to --kernel additive-ng or oak only, not 'rbf-ard'"),
         (["uci", "pol", "--max-degree", "27"], "--max-degree 27 exceeds the 26 input dimensions of pol"),
         (["uci", "pol", "--optimizer", "sgd"], "argument --optimizer: invalid choice: 'sgd'"),
+        (["uci", "pol", "--kernel", "dpa-rbf", "--projections", "0"],
+         "argument --projections: expected an integer >= 1, got '0'"),
+        (["uci", "pol", "--kernel", "rbf-ard", "--projections", "4"],
+         "--projections applies to --kernel dpa-matern52, dpa-rbf, rpa-matern52, rpa-rbf only, not 'rbf-ard'"),
+        (["uci", "pol", "--projections", "4"],
+         "--projections applies to --kernel dpa-matern52, dpa-rbf, rpa-matern52, rpa-rbf only, not 'additive-ng'"),
         (["uci", "pol", "--tolerance", "0"], "argument --tolerance: expected a positive number, got '0'"),
         (["uci", "pol", "--lr", "nan"], "argument --lr: expected a positive number"),
         (["uci", "pol", "--kernel", "gpytorch-rbf-ard", "--plot", "c.png"],
@@ -314,7 +320,7 @@ def test_the_warm_up_compiles_the_dtypes_training_runs(flags, dtypes, monkeypatc
     monkeypatch.setattr(warmup, "precompile", precompile)
     args = build_parser().parse_args(["demo", *flags])
     data = type("Data", (), {"d": 3, "n_train": 200})()
-    train._warm_up("additive-rbf", None, data, torch.device("cpu"), getattr(torch, args.dtype), args)
+    train._warm_up("additive-rbf", None, None, data, torch.device("cpu"), getattr(torch, args.dtype), args)
     assert seen == dtypes
 
 
@@ -361,6 +367,21 @@ def test_oak_with_max_degree_reports_order_shares_and_plots(tmp_path, capsys):
     assert (f"(L-BFGS (auto): {record['iterations']} of at most 5 iterations, {record['evaluations']} loss "
             f"evaluations, tolerance 1e-06; ") in stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {plot}" in stdout
+
+
+@pytest.mark.parametrize("kernel, flags, count", [("dpa-matern52", ["--projections", "4"], 4), ("rpa-rbf", [], 12)])
+def test_projected_kernels_train_and_report_each_projections_share(uci_fixture, monkeypatch, capsys, kernel, flags,
+                                                                    count):
+    """J from --projections, else two per input (yacht's 6 inputs: 12); one share per projection."""
+    monkeypatch.setenv("LAZYKERN_DATA", str(uci_fixture.root))
+    assert main(["uci", "yacht", "--kernel", kernel, *flags, "--iters", "3", "--quiet", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    record = json.loads(captured.out)
+    assert (record["kernel"], record["num_projections"], record["d"]) == (kernel, count, 6)
+    assert record["component_axes"] == "projections" and record["total_effects_kind"] == "first-order"
+    assert len(record["dimension_shares"]) == count and record["order_shares"] == [1.0]
+    assert "top projections     p" in captured.err and f"the projection w_j^T x of the j-th direction, {count} of them" in captured.err
+    assert len(record["hyperparameters"]["covar_module.base_kernel.component_scales"]) == count
 
 
 @pytest.mark.parametrize(

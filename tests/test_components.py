@@ -310,25 +310,33 @@ def test_pick_freeze_total_effects_match_their_definition():
     assert float(result.total_effects_se.max()) < 0.02
 
 
-def test_first_order_models_total_effect_is_the_first_order_share():
-    """additive-rbf: exact, no Monte Carlo; centred components and their variances against the
-    dense float64 joint posterior of (f_d(grid), f_d(X))."""
+@pytest.mark.parametrize("name, options", [("additive-rbf", {}), ("dpa-rbf", {"num_projections": 5})])
+def test_first_order_models_total_effect_is_the_first_order_share(name, options):
+    """additive-rbf, and a projected kernel (one component per projection w_j^T x): exact, no
+    Monte Carlo; centred components, their variances and their shares against the dense float64
+    joint posterior of (f_k(grid), f_k(X)) along each component's axis."""
     n, d = 40, 3
     generator = torch.Generator().manual_seed(5)
     x = torch.randn(n, d, dtype=torch.float64, generator=generator)
     y = torch.sin(x[:, 0]) + 0.3 * x[:, 1] + 0.1 * torch.randn(n, dtype=torch.float64, generator=generator)
-    model, likelihood = build_model(x, y, "additive-rbf")
-    model.covar_module.base_kernel.component_scales = torch.tensor([[0.7, 0.2, 0.1]], dtype=torch.float64)
+    model, likelihood = build_model(x, y, name, **options)
+    kernel = model.covar_module.base_kernel
+    count = kernel.component_scales.shape[-1]
+    kernel.component_scales = torch.linspace(0.7, 0.1, count, dtype=torch.float64).unsqueeze(0)
     with settings.engine("torch"):
         result = component_analysis(model, grid_size=7)
     assert result.total_kind == "first-order" and result.total_effects_se is None
     assert torch.equal(result.total_effects, result.dimension_shares)
-    lengthscale = model.covar_module.base_kernel.base_kernel.lengthscale.detach().reshape(-1)
-    weights = (model.covar_module.outputscale * model.covar_module.base_kernel.component_scales).detach().reshape(-1)
+    coordinates = x @ kernel.projections.detach() if options else x
+    assert result.axes == ("projections" if options else "inputs") and result.mean.shape == (7, count)
+    assert torch.allclose(result.train_x, coordinates, atol=1e-12)
+    lengthscale = kernel.base_kernel.lengthscale.detach().reshape(-1).expand(count)
+    weights = (model.covar_module.outputscale * kernel.component_scales).detach().reshape(-1)
     K = model.covar_module(x).to_dense().detach() + likelihood.noise.detach() * torch.eye(n, dtype=torch.float64)
     alpha = torch.linalg.solve(K, y - model.mean_module.constant.detach())
-    for k in range(d):
-        points = torch.cat([result.grid[:, k], x[:, k]])
+    at_train = []
+    for k in range(count):
+        points = torch.cat([result.grid[:, k], coordinates[:, k]])
         prior = weights[k] * torch.exp(-0.5 * ((points[:, None] - points[None]) / lengthscale[k]) ** 2)
         cross = prior[:, -n:]
         mean = cross @ alpha
@@ -337,3 +345,8 @@ def test_first_order_models_total_effect_is_the_first_order_share():
         assert torch.allclose(result.mean[:, k], centring @ mean, atol=1e-8)
         assert torch.allclose(result.variance[:, k], torch.diag(centring @ covariance @ centring.T), atol=1e-8)
         assert float(result.offsets[k]) == pytest.approx(float(mean[-n:].mean()), abs=1e-8)
+        at_train.append(mean[-n:])
+    at_train = torch.stack(at_train)  # (components, n): each component at the training inputs
+    shares = at_train.var(-1) / at_train.sum(0).var()
+    assert torch.allclose(result.dimension_shares, shares, atol=1e-10)
+    assert result.order_shares.tolist() == [1.0]

@@ -118,6 +118,28 @@ def test_chunk_bytes_bounds_the_whole_batch_of_a_block(monkeypatch):
     assert max(sizes) <= settings.chunk_bytes.value()
 
 
+def test_a_row_wider_than_the_chunk_is_taken_in_column_blocks(monkeypatch):
+    """A projected kernel's row at N = 10^4, J = 500 is 20 MB per temporary in float32: one row a
+    block held five chunks at once (GPyTorch's preconditioner asks for such rows). Exact against
+    one block per row, dense and times a right-hand side."""
+    sizes = []
+    block = row_blocks.block
+
+    def spy(formula, x1, x2, names, *rest):
+        sizes.append(x1.shape[-2] * x2.shape[-2] * x2.shape[-1] * x2.element_size())
+        return block(formula, x1, x2, names, *rest)
+
+    kernel = lazykern.MaternKernel(nu=2.5, ard_num_dims=5).double()
+    x, z, v = torch.randn(7, 5, dtype=F64), torch.randn(40, 5, dtype=F64), torch.randn(40, 2, dtype=F64)
+    with settings.engine("torch"), settings.max_dense_bytes(0), torch.no_grad():
+        dense, product = kernel(x, z).to_dense(), kernel(x, z) @ v
+        monkeypatch.setattr(row_blocks, "block", spy)
+        with settings.chunk_bytes(256):  # a row: 40 x 5 float64 = 1,600 bytes
+            assert_close(kernel(x, z).to_dense(), dense, rtol=1e-15)
+            assert_close(kernel(x, z) @ v, product, rtol=1e-13)
+    assert sizes and max(sizes) <= 256
+
+
 # ------------------------------------------------------------------ 4. solvers and SciPy on what GPyTorch returns
 def _noisy_system(n=300):
     kernel = gpytorch.kernels.ScaleKernel(make_kernel("rq", "additive-ard-scales")).double()

@@ -7,7 +7,8 @@
   engine and with default settings (and one case forced on KeOps), float64, relative error <= 1e-12;
 * gradcheck on a tiny case (inputs, directions, scales, lengthscale);
 * GPyTorch's ``BaseKernelTestCase``;
-* the directions: RPA seeded and reproducible, DPA deterministic and more spread than RPA;
+* the directions: RPA seeded and reproducible, DPA deterministic and more spread than RPA, optimised
+  once per (d, J, seed) in a process and handed out as copies;
 * bad arguments: one-line errors naming the argument, nothing kept or changed.
 
 Memory at N = 10^4 (an MLL step, peak RSS in a subprocess) is in ``test_projected_memory``.
@@ -25,7 +26,7 @@ from gpytorch.test.base_kernel_test_case import BaseKernelTestCase
 
 import lazykern
 from lazykern import settings
-from lazykern.kernels.projected import diverse_directions, random_directions
+from lazykern.kernels.projected import _spread_directions, diverse_directions, random_directions
 
 from . import reference
 from .test_kernels import FAMILIES, assert_close
@@ -252,6 +253,19 @@ def test_dpa_is_deterministic_unit_and_more_spread_than_rpa(num_dims, num_projec
     assert (W.T @ W - torch.eye(num_projections, dtype=F64)).abs().max() < (rpa.T @ rpa).triu(1).abs().max()
     kernel = lazykern.ProjectedAdditiveKernel(lazykern.RBFKernel(), num_dims, num_projections)  # DPA is the default
     assert torch.equal(kernel.projections, W.float())
+
+
+def test_dpa_directions_are_optimised_once_and_handed_out_as_copies():
+    first = diverse_directions(6, 4, 7)
+    optimised = _spread_directions.cache_info().misses
+    second = diverse_directions(6, 4, 7)
+    kernel = lazykern.ProjectedAdditiveKernel(lazykern.RBFKernel(), 6, 4, seed=7, learn_projections=True).double()
+    assert _spread_directions.cache_info().misses == optimised  # neither the call nor the kernel optimised again
+    assert torch.equal(first, second) and first is not second
+    first.add_(1.0)
+    with torch.no_grad():
+        kernel.projections.add_(1.0)  # as training would
+    assert torch.equal(diverse_directions(6, 4, 7), second)  # the cached set is unchanged
 
 
 def test_given_projections_are_copied_and_learnable():

@@ -31,6 +31,53 @@ def test_kernel_names_and_max_degree():
         build_model(torch.randn(5, 2), torch.randn(5), make_kernel("rbf-ard", 2), max_degree=2)
 
 
+def test_projected_kernel_names_and_num_projections():
+    kernel = make_kernel("rpa-rbf", 5)
+    assert isinstance(kernel.base_kernel, lazykern.ProjectedAdditiveKernel)
+    assert kernel.base_kernel.projections.shape == (5, lazykern.kernel_names.default_num_projections(5)) == (5, 10)
+    assert make_kernel("dpa-matern52", 5, num_projections=3).base_kernel.projections.shape == (5, 3)
+    with pytest.raises(ValueError, match="num_projections applies to the dpa-matern52, dpa-rbf, rpa-matern52, rpa-rbf"):
+        make_kernel("oak", 5, num_projections=3)
+    with pytest.raises(ValueError, match="num_projections must be a positive int or None, got 0"):
+        make_kernel("dpa-rbf", 5, num_projections=0)
+    with pytest.raises(ValueError, match="num_projections applies to kernels given by name"):
+        build_model(torch.randn(5, 2), torch.randn(5), make_kernel("rbf-ard", 2), num_projections=2)
+
+
+def _with_discrete_inputs(n=40):
+    """Columns: binary (values 3 and 5), continuous, four levels 0.5 apart, constant."""
+    g = torch.Generator().manual_seed(0)
+    rows = torch.arange(n, dtype=torch.float64)
+    return torch.stack([3 + 2 * (rows % 2), torch.randn(n, generator=g, dtype=torch.float64), (rows % 4) / 2,
+                        torch.ones(n, dtype=torch.float64)], -1)
+
+
+def test_discrete_columns_are_the_few_valued_ones():
+    x = _with_discrete_inputs()
+    assert regression.discrete_columns(x) == {0: 2.0, 2: 0.5}  # not the continuous or the constant column
+    assert regression.discrete_columns(x[:6]) == {0: 2.0}  # 4 levels in 6 rows: more than half as many
+    assert regression.discrete_columns(torch.arange(26.0).reshape(-1, 1) % 13) == {}  # 13 levels
+
+
+@pytest.mark.parametrize("name", ["rbf-ard", "gpytorch-rbf-ard", "additive-matern52", "additive-ng", "oak"])
+def test_named_kernels_floor_the_lengthscales_of_discrete_inputs(name):
+    x = _with_discrete_inputs()
+    model, _ = build_model(x, torch.randn(40, dtype=torch.float64), name)
+    owner = next(m for m in model.covar_module.modules() if getattr(m, "has_lengthscale", False)
+                 and m.lengthscale.shape[-1] == 4)
+    start = owner.lengthscale.detach().reshape(-1)
+    assert start[0] >= 2 * 2.0 / 3 and start[2] >= 2 * 0.5 / 3  # at least twice the floor to start
+    owner.raw_lengthscale.data.fill_(-60.0)  # as far down as training could push them
+    floors = torch.tensor([2.0 / 3, 0.0, 0.5 / 3, 0.0], dtype=torch.float64)
+    assert torch.allclose(owner.lengthscale.detach().reshape(-1), floors, atol=1e-12)
+    # A kernel module is used as given; a projected kernel has no per-input lengthscale to bound.
+    module = make_kernel(name, 4)
+    before = module.state_dict()
+    model, _ = build_model(x, torch.randn(40, dtype=torch.float64), module)
+    assert all(torch.equal(before[k], v.to(before[k])) for k, v in module.state_dict().items() if k in before)
+    assert regression.floor_discrete_lengthscales(make_kernel("dpa-rbf", 4), x) == {}
+
+
 @pytest.mark.parametrize(
     "name, width",
     [("rbf-ard", 16), ("gpytorch-rbf-ard", 16), ("additive-rbf", 1), ("additive-ng", 16), ("oak", 3)],

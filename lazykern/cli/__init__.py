@@ -7,6 +7,7 @@ Usage::
     lazykern uci pol                                   # additive GP over all interaction orders on UCI pol
     lazykern uci kin40k --kernel oak --max-degree 3 --plot kin40k.png
     lazykern uci kin40k --kernel rbf-ard --json out.json
+    lazykern uci pol --kernel dpa-matern52 --projections 52   # 52 diverse projections (default: 2 per input)
     lazykern precompile --jobs 2                       # compile the kernels' reductions ahead of the first run
     lazykern --version
 

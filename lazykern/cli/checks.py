@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..data.checksums import SHA256
 from ..data.layout import FILES, default_cache_dir, training_points
-from ..kernel_names import COMPONENT_KERNELS, INTERACTION_KERNELS
+from ..kernel_names import COMPONENT_KERNELS, INTERACTION_KERNELS, PROJECTED_KERNELS
 from .parser import PLOT_FORMATS, UsageError
 
 __all__ = ["check_options", "json_to_stdout"]
@@ -63,6 +63,9 @@ def check_options(args: argparse.Namespace) -> None:
         _check_folder("--json", args.json)
     if args.max_degree is not None and args.kernel not in INTERACTION_KERNELS:
         raise UsageError(f"--max-degree applies to --kernel {' or '.join(INTERACTION_KERNELS)} only, "
+                         f"not {args.kernel!r}")
+    if args.projections is not None and args.kernel not in PROJECTED_KERNELS:
+        raise UsageError(f"--projections applies to --kernel {', '.join(PROJECTED_KERNELS)} only, "
                          f"not {args.kernel!r}")
     if args.plot is not None:
         if args.kernel not in COMPONENT_KERNELS:

@@ -20,6 +20,8 @@ from ..kernel_names import (
     INTERACTION_KERNELS,
     KERNELS,
     OPTIMIZERS,
+    PROJECTED_KERNELS,
+    PROJECTIONS_PER_DIMENSION,
     TOLERANCES,
 )
 
@@ -116,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--max-degree", type=_positive_int, default=None, metavar="R",
                          help=f"highest interaction order of {' and '.join(INTERACTION_KERNELS)} "
                          "(default: all orders, R = d)")
+        sub.add_argument("--projections", type=_positive_int, default=None, metavar="J",
+                         help=f"number of projections of {', '.join(PROJECTED_KERNELS)} "
+                         f"(default: {PROJECTIONS_PER_DIMENSION} per input dimension, J = {PROJECTIONS_PER_DIMENSION}d)")
         sub.add_argument("--compare", action="store_true",
                          help=f"also train {' and '.join(COMPARE_KERNELS)} (lazykern's and GPyTorch's ARD RBF) "
                          "on the same split and report them side by side")

@@ -50,7 +50,8 @@ def _load(args: argparse.Namespace, device, dtype):
         raise UsageError(str(err)) from None
 
 
-def _warm_up(kernel: str, max_degree: int | None, data, device, dtype, args: argparse.Namespace) -> None:
+def _warm_up(kernel: str, max_degree: int | None, num_projections: int | None, data, device, dtype,
+             args: argparse.Namespace) -> None:
     """Compile ``kernel``'s reductions before training, saying so on stderr when that takes a while."""
     import gpytorch
     import torch
@@ -69,7 +70,7 @@ def _warm_up(kernel: str, max_degree: int | None, data, device, dtype, args: arg
     # A float32 model that L-BFGS trains is refined in float64 (lazykern.regression.train): both dtypes run.
     with gpytorch.settings.max_cholesky_size(args.max_cholesky):
         refined = refines_in_float64(dtype, resolve_optimizer(args.optimizer, data.n_train))
-    module = make_kernel(kernel, data.d, max_degree).to(device)  # precompile converts a copy of it
+    module = make_kernel(kernel, data.d, max_degree, num_projections).to(device)  # precompile converts a copy of it
     reports = [precompile(module, dtype=t, dims=data.d, points=data.n_train, on_compile=None if args.quiet else announce)
                for t in ((dtype, torch.float64) if refined else (dtype,))]
     compiled, cached, seconds = (sum(getattr(r, k) for r in reports) for k in ("compiled", "cached", "seconds"))
@@ -104,12 +105,12 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     for i, kernel in enumerate(kernels):
         if len(kernels) > 1 and not args.quiet:
             print(f"[{i + 1}/{len(kernels)}] {kernel}", file=sys.stderr, flush=True)
-        max_degree = args.max_degree if i == 0 else None
+        max_degree, num_projections = (args.max_degree, args.projections) if i == 0 else (None, None)
         if kernel not in GPYTORCH_KERNELS:
-            _warm_up(kernel, max_degree, data, device, dtype, args)
+            _warm_up(kernel, max_degree, num_projections, data, device, dtype, args)
         torch.manual_seed(args.seed)
         results.append(fit_evaluate(data.train_x, data.train_y, data.test_x, data.test_y, kernel=kernel,
-                                    max_degree=max_degree, iters=args.iters, lr=args.lr,
+                                    max_degree=max_degree, num_projections=num_projections, iters=args.iters, lr=args.lr,
                                     optimizer=args.optimizer, tolerance=args.tolerance, y_scale=data.y_std,
                                     max_cholesky_size=args.max_cholesky, progress=not args.quiet))
     # The training mean and variance are 0 and 1 in standardized units, by construction.

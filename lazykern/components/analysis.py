@@ -18,7 +18,8 @@ from torch import Tensor
 from .. import backend
 from ..formulas.interactions import InteractionFormula, orthogonal_rbf_l2_features
 from ..formulas.stationary import StationaryFormula
-from ..kernels import AdditiveStructureKernel, NewtonGirardAdditiveKernel, OrthogonalAdditiveKernel
+from ..kernels import AdditiveStructureKernel, NewtonGirardAdditiveKernel, OrthogonalAdditiveKernel, \
+    ProjectedAdditiveKernel
 from ..kernels.stationary import formula_for, formula_inputs
 from ..validation import check_positive_int
 from .vocabulary import ranking
@@ -36,8 +37,12 @@ EFFECT_POINTS = 1000
 class ComponentAnalysis:
     """Result of :func:`component_analysis` (standardized units of inputs and targets).
 
+    D is the number of first-order components: the inputs, or for a
+    :class:`~lazykern.kernels.ProjectedAdditiveKernel` its J projections (component j a function of
+    :math:`w_j^\top x`, its axis that projection; ``axes`` says which).
+
     Attributes:
-        grid: ``(T, D)``: evaluation points along each input axis (column d for component d),
+        grid: ``(T, D)``: evaluation points along each component's axis (column d for component d),
             from the smallest to the largest training value.
         mean: ``(T, D)``: posterior mean of each first-order component on its grid, centred on its
             average over the training inputs.
@@ -57,7 +62,9 @@ class ComponentAnalysis:
             or ``"empirical"`` (variances of posterior-mean terms over the training inputs).
         total_kind: how ``total_effects`` were computed: ``"sobol"``, ``"pick-freeze"`` or
             ``"first-order"`` (see :mod:`lazykern.components`).
-        train_x: ``(N, D)`` training inputs (for rugs in plots).
+        train_x: ``(N, D)`` training inputs along the components' axes (for rugs in plots): the
+            inputs, or their projections :math:`X W`.
+        axes: ``"inputs"`` or ``"projections"``: what the components are functions of.
     """
 
     grid: Tensor
@@ -72,6 +79,7 @@ class ComponentAnalysis:
     kind: str
     total_kind: str
     train_x: Tensor
+    axes: str = "inputs"
 
     def ranking(self) -> list[int]:
         """Input indices by decreasing total effect (ties by first-order share)."""
@@ -85,11 +93,12 @@ def _unwrap(covar: Kernel) -> tuple[Kernel, Tensor | float]:
 
 
 def _first_order(kernel: Kernel, outer: Tensor | float, t: Tensor, x: Tensor):
-    """Per-dimension 1-D problems of the first-order terms between points ``t`` and training inputs
-    ``x``: the formula, ``(D, T, F)`` and ``(D, N, F)`` inputs, params. Both sides are transformed
-    together: the stationary kernels' inputs are centred on a shift taken from both, so a grid
-    transformed on its own would be shifted against the training inputs."""
-    d = kernel.num_dims
+    """Per-component 1-D problems of the first-order terms between points ``t`` and training inputs
+    ``x`` (along the components' axes: a projected kernel's projected coordinates): the formula,
+    ``(D, T, F)`` and ``(D, N, F)`` inputs, params. Both sides are transformed together: the
+    stationary kernels' inputs are centred on a shift taken from both, so a grid transformed on its
+    own would be shifted against the training inputs."""
+    d = t.shape[-1]
     if isinstance(kernel, OrthogonalAdditiveKernel):
         sides = kernel.formula_arguments(t, x)[:2]  # (*, 5D): [u, g(u), a(u), log a(u), m]
         sides = [side.reshape(side.shape[0], 5, d).permute(2, 0, 1) for side in sides]  # (D, *, 5)
@@ -130,8 +139,10 @@ def component_analysis(
     Args:
         model: an exact GP (one input tensor, no batch) whose ``covar_module`` is a
             :class:`~lazykern.kernels.NewtonGirardAdditiveKernel`,
-            :class:`~lazykern.kernels.OrthogonalAdditiveKernel` or
-            :class:`~lazykern.kernels.AdditiveStructureKernel`, optionally inside a ``ScaleKernel``.
+            :class:`~lazykern.kernels.OrthogonalAdditiveKernel`,
+            :class:`~lazykern.kernels.AdditiveStructureKernel` or
+            :class:`~lazykern.kernels.ProjectedAdditiveKernel` (one component per projection), optionally
+            inside a ``ScaleKernel``.
         grid_size: points T along each axis.
         variance_max_n: compute component variances (one dense Cholesky factor, O(N²) memory) up
             to this many training points; above it ``variance`` is ``None``.
@@ -148,15 +159,18 @@ def component_analysis(
     check_positive_int("grid_size", grid_size)
     check_positive_int("effect_points", effect_points)
     kernel, outer = _unwrap(model.covar_module)
-    if not isinstance(kernel, AdditiveStructureKernel) or kernel.batch_shape:
+    if not isinstance(kernel, (AdditiveStructureKernel, ProjectedAdditiveKernel)) or kernel.batch_shape:
         raise TypeError("component_analysis needs a covar_module that is a (ScaleKernel of a) non-batch "
-                        "NewtonGirardAdditiveKernel, OrthogonalAdditiveKernel or AdditiveStructureKernel, "
-                        f"got {type(model.covar_module).__name__}")
-    x = model.train_inputs[0]
-    if x.dim() != 2:
-        raise ValueError(f"component_analysis needs (n, d) training inputs, got shape {tuple(x.shape)}")
+                        "NewtonGirardAdditiveKernel, OrthogonalAdditiveKernel, AdditiveStructureKernel or "
+                        f"ProjectedAdditiveKernel, got {type(model.covar_module).__name__}")
+    inputs = model.train_inputs[0]
+    if inputs.dim() != 2:
+        raise ValueError(f"component_analysis needs (n, d) training inputs, got shape {tuple(inputs.shape)}")
     alpha = _mean_solve(model)
     with torch.no_grad():
+        # Every component is a function of one coordinate: an input, or a projection w_j^T x.
+        projected = isinstance(kernel, ProjectedAdditiveKernel)
+        x = kernel.project(inputs) if projected else inputs
         lo, hi = x.min(0).values, x.max(0).values
         steps = torch.linspace(0, 1, grid_size, dtype=x.dtype, device=x.device).unsqueeze(-1)
         grid = lo + steps * (hi - lo)  # (T, D)
@@ -172,7 +186,7 @@ def component_analysis(
         variance = (_variance(model, formula, t_dims, x_dims, params, means)
                     if x.shape[0] <= variance_max_n else None)
         orders, dims, totals, kind = _shares(kernel, outer, x, at_train, alpha)
-        totals, errors, total_kind = _total_effects(model, kernel, x, alpha, totals, effect_points)
+        totals, errors, total_kind = _total_effects(model, kernel, inputs, alpha, totals, effect_points)
     # Said, not passed on silently: NaN shares once reached the UCI table's page unremarked.
     broken = [name for name, v in (("order shares", orders), ("first-order shares", dims), ("total effects", totals))
               if not torch.isfinite(v).all()]
@@ -184,13 +198,14 @@ def component_analysis(
     return ComponentAnalysis(grid=grid, mean=(cross - offsets.unsqueeze(-1)).T, variance=variance,
                              offsets=offsets, constant=0.0 if constant is None else float(constant.detach()),
                              order_shares=orders, dimension_shares=dims, total_effects=totals,
-                             total_effects_se=errors, kind=kind, total_kind=total_kind, train_x=x.detach())
+                             total_effects_se=errors, kind=kind, total_kind=total_kind, train_x=x.detach(),
+                             axes="projections" if projected else "inputs")
 
 
 def _variance(model, formula, t_dims: Tensor, x_dims: Tensor, params: dict[str, Tensor], means: Tensor) -> Tensor:
     """Posterior variance of the centred components (:mod:`lazykern.components`): ``means`` (D, N) holds
     :math:`\\frac1N \\sum_i c_d z_d(x_{id}, x_{jd})`."""
-    x = model.train_inputs[0]
+    x = model.train_inputs[0]  # the model's inputs (x_dims: the components' coordinates)
     noise = model.likelihood.noise.reshape(-1)[0]
     K = model.covar_module(x).to_dense()
     L = torch.linalg.cholesky(K + noise * torch.eye(x.shape[0], dtype=x.dtype, device=x.device))
@@ -287,14 +302,16 @@ def summary(analysis: ComponentAnalysis) -> dict[str, Any]:
 
     Returns:
         A dict with ``order_shares``, ``dimension_shares`` (first-order shares), ``total_effects``,
-        ``total_effects_se`` (``None`` where exact), ``analysis_kind`` and ``total_effects_kind``.
+        ``total_effects_se`` (``None`` where exact), ``analysis_kind``, ``total_effects_kind`` and
+        ``component_axes`` (``"inputs"`` or ``"projections"``: what ``dimension_shares`` and
+        ``total_effects`` are listed by).
 
     Example:
         >>> sorted(summary(result))  # doctest: +SKIP
-        ['analysis_kind', 'dimension_shares', 'order_shares', 'total_effects', 'total_effects_kind', 'total_effects_se']
+        ['analysis_kind', 'component_axes', 'dimension_shares', 'order_shares', 'total_effects', 'total_effects_kind', 'total_effects_se']
     """
     errors = analysis.total_effects_se
     return {"order_shares": analysis.order_shares.tolist(), "dimension_shares": analysis.dimension_shares.tolist(),
             "total_effects": analysis.total_effects.tolist(),
             "total_effects_se": None if errors is None else errors.tolist(),
-            "analysis_kind": analysis.kind, "total_effects_kind": analysis.total_kind}
+            "analysis_kind": analysis.kind, "total_effects_kind": analysis.total_kind, "component_axes": analysis.axes}

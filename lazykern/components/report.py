@@ -19,7 +19,8 @@ def report_lines(
     Args:
         record: :func:`summary`'s dict (or any mapping with its keys, such as ``lazykern uci``'s
             JSON record); without ``order_shares`` (a kernel without components) no lines.
-        names: one name per input (default ``x0, x1, ...``).
+        names: one name per input (default ``x0, x1, ...``; for a projected kernel's analysis,
+            whose components are projections (``component_axes``), ``p0, p1, ...``).
         orders: orders shown one by one; the rest are summed into one entry.
         inputs: inputs shown, by decreasing total effect.
 
@@ -40,7 +41,9 @@ def report_lines(
     shares, firsts, totals = (record.get(k) for k in ("order_shares", "dimension_shares", "total_effects"))
     if shares is None or firsts is None or totals is None:
         return []
-    names = list(names) if names is not None else [f"x{k}" for k in range(len(totals))]
+    projections = record.get("component_axes") == "projections"
+    prefix, listed = ("p", "projections") if projections else ("x", "inputs")
+    names = list(names) if names is not None else [f"{prefix}{k}" for k in range(len(totals))]
     shown = "  ".join(f"{r}: {share:.3f}" for r, share in enumerate(shares[:orders], start=1))
     if len(shares) > orders:
         shown += f"  {orders + 1}-{len(shares)}: {sum(shares[orders:]):.3f}"
@@ -52,9 +55,10 @@ def report_lines(
     return [
         f"order shares        {shown}",
         f"                    ({ORDER_SHARE_MEANING[record['analysis_kind']]})",
-        f"top inputs          {'  '.join(f'{names[k]}: {totals[k]:.3f}' for k in top)}",
+        f"top {listed:<16}{'  '.join(f'{names[k]}: {totals[k]:.3f}' for k in top)}",
         f"first-order shares  {'  '.join(f'{names[k]}: {firsts[k]:.3f}' for k in top)}",
         "                    (total effect: the share of the posterior mean's variance in every term that involves "
         f"the input, of every order, i.e. its total Sobol index; {how}. First-order share: the share in its "
-        "first-order component alone)",
+        "first-order component alone)"
+        + (f"; pj is the projection w_j^T x of the j-th direction, {len(totals)} of them" if projections else ""),
     ]

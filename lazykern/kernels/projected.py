@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor, nn
@@ -26,6 +28,9 @@ CONSTRUCTIONS = ("rpa", "dpa")
 #: 26 dimensions from twice its lower bound to within 10 % of it.
 DPA_STEPS = 500
 DPA_LEARNING_RATE = 0.02
+#: Most DPA direction sets kept in the process (each d x J float64: 104 kB at d = 26, J = 500), the
+#: least recently used dropped.
+DPA_CACHED = 32
 
 
 class ProjectedAdditiveKernel(WeightedTermsKernel):
@@ -129,12 +134,20 @@ class ProjectedAdditiveKernel(WeightedTermsKernel):
         self.component_scales = 1.0 / num_projections
 
     def formula_arguments(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        projected = self._project(x1)
+        projected = self.project(x1)
         # K(X, X) keeps one tensor for both sides: the operator takes its gradient in one fused reduction.
-        return additive_formula_arguments(self, projected, projected if x2 is x1 else self._project(x2))
+        return additive_formula_arguments(self, projected, projected if x2 is x1 else self.project(x2))
 
-    def _project(self, x: Tensor) -> Tensor:
-        """``x @ W``: ``(..., N, d) -> (..., N, J)``, in the promoted dtype of ``x`` and ``W``."""
+    def project(self, x: Tensor) -> Tensor:
+        """The projections :math:`w_j^\top x` the terms see: ``x @ W``, ``(..., N, d) -> (..., N, J)``,
+        in the promoted dtype of ``x`` and ``W``.
+
+        Example:
+            >>> import torch, lazykern
+            >>> kernel = lazykern.ProjectedAdditiveKernel(lazykern.RBFKernel(), num_dims=3, num_projections=5)
+            >>> kernel.project(torch.randn(10, 3)).shape
+            torch.Size([10, 5])
+        """
         dtype = torch.promote_types(x.dtype, self.projections.dtype)
         return x.to(dtype) @ self.projections.to(dtype)
 
@@ -159,12 +172,25 @@ def diverse_directions(num_dims: int, num_projections: int, seed: int) -> Tensor
     minimise :math:`\sum_{i \ne j} (w_i^\top w_j)^4` (``DPA_STEPS`` Adam steps from the random ones
     on the energy of the normalised columns, then normalised), a float64 ``(num_dims, num_projections)`` tensor.
 
+    The optimisation runs once per ``(num_dims, num_projections, seed)`` in a process (2-5 s for
+    500 directions in 26 dimensions on one core); later calls return a copy of its result (the
+    last ``DPA_CACHED`` sets are kept), so that building many kernels (cross-validation folds,
+    restarts, a batch of models) costs one optimisation.
+
     Example:
         >>> def energy(W):   # the sum over i != j (the diagonal terms are 1)
         ...     return float(((W.T @ W) ** 4).sum()) - W.shape[1]
         >>> energy(diverse_directions(26, 100, seed=0)) < energy(random_directions(26, 100, seed=0)) / 2
         True
+        >>> diverse_directions(26, 100, seed=0) is diverse_directions(26, 100, seed=0)   # equal copies
+        False
     """
+    return _spread_directions(num_dims, num_projections, seed).clone()
+
+
+@lru_cache(maxsize=DPA_CACHED)
+def _spread_directions(num_dims: int, num_projections: int, seed: int) -> Tensor:
+    """:func:`diverse_directions`' optimisation; its result is shared by the cache, never handed out."""
     with torch.enable_grad():
         directions = random_directions(num_dims, num_projections, seed).requires_grad_(True)
         optimiser = torch.optim.Adam([directions], lr=DPA_LEARNING_RATE)

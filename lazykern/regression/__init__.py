@@ -22,6 +22,10 @@ the exact marginal log likelihood by one recipe for every kernel (:func:`train`)
   noise" (the mean predictor that pumadyn32nm ended at). BoTorch's dimension-scaled lengthscale
   prior (Hvarfner et al., 2024) rests on the same observation. The noise variance starts low
   (:data:`INITIAL_NOISE`), so that the first steps fit the data instead of declaring it noise;
+* **binary and categorical inputs** (columns of at most :data:`DISCRETE_MAX_LEVELS` values,
+  :func:`discrete_columns`) have their lengthscales bounded below by :data:`DISCRETE_FLOOR` of
+  the smallest gap between their values (:func:`floor_discrete_lengthscales`): below it the
+  likelihood is flat, and OAK's lengthscales on UCI bike's binary inputs drifted towards 0;
 * **an optimizer that stops when converged**: L-BFGS with a strong-Wolfe line search while the
   likelihood is exact (Cholesky, up to ``gpytorch.settings.max_cholesky_size`` points), Adam with
   a plateau schedule on the stochastic conjugate-gradient path, both stopping when the loss stops
@@ -46,8 +50,8 @@ Example:
 
 from ..kernel_names import DEFAULT_KERNEL, KERNELS
 from .evaluation import PeakMemory, RegressionResult, fit_evaluate, gaussian_metrics, hyperparameters, predict
-from .model import DEFAULT_MAX_DEGREE, INITIAL_NOISE, TOP_ORDER_SHARE, ExactGPRegressor, build_model, initialize, \
-    make_kernel
+from .model import DEFAULT_MAX_DEGREE, DISCRETE_FLOOR, DISCRETE_MAX_LEVELS, INITIAL_NOISE, TOP_ORDER_SHARE, \
+    ExactGPRegressor, build_model, discrete_columns, floor_discrete_lengthscales, initialize, make_kernel
 from .training import ADAM_PLATEAU_WINDOW, OPTIMIZERS, TOLERANCES, TrainingLog, refines_in_float64, resolve_optimizer, \
     to_float64, train
 
@@ -57,6 +61,8 @@ __all__ = [
     "DEFAULT_MAX_DEGREE",
     "INITIAL_NOISE",
     "TOP_ORDER_SHARE",
+    "DISCRETE_MAX_LEVELS",
+    "DISCRETE_FLOOR",
     "OPTIMIZERS",
     "TOLERANCES",
     "ADAM_PLATEAU_WINDOW",
@@ -66,6 +72,8 @@ __all__ = [
     "make_kernel",
     "build_model",
     "initialize",
+    "discrete_columns",
+    "floor_discrete_lengthscales",
     "train",
     "resolve_optimizer",
     "refines_in_float64",

@@ -164,6 +164,7 @@ class RegressionResult:
         optimizer_used: the optimizer that ran, ``"lbfgs"`` or ``"adam"`` (``"auto"`` resolved).
         tolerance: the convergence threshold training used (the optimizer's default unless given).
         max_degree: highest interaction order of the kernel (``None`` for kernels without orders).
+        num_projections: number of projections J of a projected kernel (``None`` for the others).
         solver: ``"cholesky"`` or ``"cg"`` (conjugate gradients and Lanczos on lazy matvecs).
         rmse, nlpd: test RMSE and mean NLPD in the units of the targets given.
         rmse_original, nlpd_original: the same in original units (``y_scale`` applied).
@@ -184,10 +185,11 @@ class RegressionResult:
             model there: to refine converged L-BFGS, or after a failed factorization).
         hyperparameters: final hyperparameters (see :func:`hyperparameters`).
         order_shares, dimension_shares, total_effects, total_effects_se, analysis_kind,
-            total_effects_kind: what the model learned, from
+            total_effects_kind, component_axes: what the model learned, from
             :func:`lazykern.components.component_analysis` (:func:`lazykern.components.summary`'s
             fields: each interaction order's share, each input's first-order share and total
-            effect); ``None`` for kernels without additive components.
+            effect, or for a projected kernel each projection's share); ``None`` for kernels without
+            additive components.
         model, likelihood: the trained modules (not part of ``to_dict``).
         analysis: the :class:`lazykern.components.ComponentAnalysis` (not part of ``to_dict``),
             for :func:`lazykern.components.plot_components`.
@@ -205,6 +207,7 @@ class RegressionResult:
     optimizer_used: str
     tolerance: float
     max_degree: int | None
+    num_projections: int | None
     solver: str
     rmse: float
     nlpd: float
@@ -229,6 +232,7 @@ class RegressionResult:
     total_effects_se: list[float] | None
     analysis_kind: str | None
     total_effects_kind: str | None
+    component_axes: str | None
     model: gpytorch.models.ExactGP = field(repr=False)
     likelihood: gpytorch.likelihoods.Likelihood = field(repr=False)
     analysis: Any = field(repr=False, default=None)
@@ -241,7 +245,7 @@ class RegressionResult:
 
 #: The fields of :func:`lazykern.components.summary` a result carries.
 _LEARNED = ("order_shares", "dimension_shares", "total_effects", "total_effects_se", "analysis_kind",
-            "total_effects_kind")
+            "total_effects_kind", "component_axes")
 
 
 def fit_evaluate(
@@ -252,6 +256,7 @@ def fit_evaluate(
     *,
     kernel: str | Kernel = DEFAULT_KERNEL,
     max_degree: int | None = None,
+    num_projections: int | None = None,
     iters: int = 200,
     lr: float | None = None,
     optimizer: str = "auto",
@@ -271,6 +276,7 @@ def fit_evaluate(
         test_x, test_y: ``(m, d)`` and ``(m,)`` test data.
         kernel: a name from :data:`~lazykern.kernel_names.KERNELS` or a kernel module.
         max_degree: highest interaction order of a named ``additive-ng`` or ``oak`` kernel.
+        num_projections: number of projections of a named projected kernel (``dpa-...``, ``rpa-...``).
         iters, lr, optimizer, tolerance: the training recipe (see :func:`train`).
         y_scale: standard deviation used to standardize the targets.
         max_cholesky_size: solve exactly by Cholesky up to this many training points, by
@@ -298,7 +304,7 @@ def fit_evaluate(
         raise ValueError(f"test_y must be a tensor of shape ({test_x.shape[0]},)")
     check_positive_number("y_scale", y_scale)
     check_non_negative_int("max_cholesky_size", max_cholesky_size, optional=True)
-    model, likelihood = build_model(train_x, train_y, kernel, max_degree)
+    model, likelihood = build_model(train_x, train_y, kernel, max_degree, num_projections)
     device = train_x.device
     if max_cholesky_size is None:
         max_cholesky_size = gpytorch.settings.max_cholesky_size.value()
@@ -343,6 +349,7 @@ def fit_evaluate(
         optimizer_used=optimizer_used,
         tolerance=log.tolerance,
         max_degree=getattr(inner, "max_degree", None),
+        num_projections=getattr(inner, "num_projections", None),
         solver="cholesky" if train_x.shape[0] <= max_cholesky_size else "cg",
         rmse=rmse,
         nlpd=nlpd,
@@ -370,4 +377,5 @@ def fit_evaluate(
 
 def _analyzable(covar: Kernel) -> bool:
     inner = covar.base_kernel if isinstance(covar, ScaleKernel) else covar
-    return isinstance(inner, lazy_kernels.AdditiveStructureKernel) and not inner.batch_shape
+    return (isinstance(inner, (lazy_kernels.AdditiveStructureKernel, lazy_kernels.ProjectedAdditiveKernel))
+            and not inner.batch_shape)

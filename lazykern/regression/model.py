@@ -14,14 +14,16 @@ import math
 
 import gpytorch
 import torch
+from gpytorch.constraints import GreaterThan
 from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor
 
 from .. import kernels as lazy_kernels
-from ..kernel_names import INTERACTION_KERNELS, KERNELS
+from ..kernel_names import INTERACTION_KERNELS, KERNELS, PROJECTED_KERNELS, default_num_projections
 from ..validation import check_floating_matrix, check_positive_int
 
-__all__ = ["DEFAULT_MAX_DEGREE", "INITIAL_NOISE", "TOP_ORDER_SHARE", "ExactGPRegressor", "build_model", "initialize",
+__all__ = ["DEFAULT_MAX_DEGREE", "DISCRETE_FLOOR", "DISCRETE_MAX_LEVELS", "INITIAL_NOISE", "TOP_ORDER_SHARE",
+           "ExactGPRegressor", "build_model", "discrete_columns", "floor_discrete_lengthscales", "initialize",
            "make_kernel"]
 
 
@@ -38,9 +40,15 @@ pumadyn32nm (1,500 points, ARD RBF, L-BFGS): from GPyTorch's default 0.69, or fr
 converges to the mean predictor (outputscale 1e-5, noise 1.0); from 0.01 it finds the fit."""
 #: Share of a Newton–Girard kernel's initial variance on its top order (see :func:`initialize`).
 TOP_ORDER_SHARE = 0.9
+#: Most distinct values of a column taken as binary or categorical (:func:`discrete_columns`):
+#: UCI bike's month has 12, its season and weather 4, its weekday 7, its hour (24) is continuous.
+DISCRETE_MAX_LEVELS = 12
+#: Lengthscale floor of a binary or categorical input, as a fraction of the smallest gap between its
+#: values (:func:`floor_discrete_lengthscales`).
+DISCRETE_FLOOR = 1.0 / 3.0
 
 
-def make_kernel(name: str, num_dims: int, max_degree: int | None = None) -> Kernel:
+def make_kernel(name: str, num_dims: int, max_degree: int | None = None, num_projections: int | None = None) -> Kernel:
     r"""A kernel by name, with one lengthscale per input dimension.
 
     * ``additive-rbf`` / ``additive-matern52``: :math:`s \sum_d w_d\, k(x_d, x'_d)` with a
@@ -50,6 +58,10 @@ def make_kernel(name: str, num_dims: int, max_degree: int | None = None) -> Kern
       order (:class:`lazykern.kernels.NewtonGirardAdditiveKernel`, no ``ScaleKernel``);
     * ``oak``: the same over RBF kernels made orthogonal to a standard normal input measure
       (:class:`lazykern.kernels.OrthogonalAdditiveKernel`, for standardized inputs);
+    * ``dpa-matern52`` / ``dpa-rbf`` / ``rpa-matern52`` / ``rpa-rbf``: :math:`s \sum_j w_j\, k(u_j^\top x,
+      u_j^\top x')` over J unit directions :math:`u_j`, diverse (DPA) or random (RPA), fixed, with
+      one shared lengthscale and learned weights :math:`w_j`
+      (:class:`lazykern.kernels.ProjectedAdditiveKernel`);
     * ``rbf-ard`` / ``matern52-ard``: lazykern's full-dimensional ARD kernels
       (:class:`lazykern.kernels.RBFKernel`, :class:`lazykern.kernels.MaternKernel`);
     * ``gpytorch-rbf-ard``: GPyTorch's own :class:`gpytorch.kernels.RBFKernel`, the baseline.
@@ -59,6 +71,8 @@ def make_kernel(name: str, num_dims: int, max_degree: int | None = None) -> Kern
         num_dims: number of input dimensions d.
         max_degree: highest interaction order R of ``additive-ng`` and ``oak`` (default
             :data:`DEFAULT_MAX_DEGREE`: all orders); must be ``None`` for the other kernels.
+        num_projections: number of projections J of the projected kernels (default
+            :func:`~lazykern.kernel_names.default_num_projections`); must be ``None`` for the others.
 
     Example:
         >>> from lazykern.regression import make_kernel
@@ -68,10 +82,15 @@ def make_kernel(name: str, num_dims: int, max_degree: int | None = None) -> Kern
         torch.Size([2])
         >>> make_kernel("additive-ng", 8).max_degree   # all orders by default
         8
+        >>> make_kernel("dpa-matern52", 8, num_projections=12).base_kernel.projections.shape
+        torch.Size([8, 12])
     """
     check_positive_int("num_dims", num_dims)
     if name not in KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(KERNELS)}; got {name!r}")
+    check_positive_int("num_projections", num_projections, optional=True)
+    if num_projections is not None and name not in PROJECTED_KERNELS:
+        raise ValueError(f"num_projections applies to the {', '.join(PROJECTED_KERNELS)} kernels only, not {name!r}")
     if name in INTERACTION_KERNELS:
         if max_degree is None:
             degree = num_dims if DEFAULT_MAX_DEGREE is None else min(DEFAULT_MAX_DEGREE, num_dims)
@@ -90,6 +109,11 @@ def make_kernel(name: str, num_dims: int, max_degree: int | None = None) -> Kern
         base = lazy_kernels.AdditiveStructureKernel(
             lazy_kernels.MaternKernel(nu=2.5, ard_num_dims=num_dims), num_dims=num_dims, component_scales=True
         )
+    elif name in PROJECTED_KERNELS:
+        construction, family = name.split("-")
+        one_dimensional = lazy_kernels.RBFKernel() if family == "rbf" else lazy_kernels.MaternKernel(nu=2.5)
+        count = default_num_projections(num_dims) if num_projections is None else num_projections
+        base = lazy_kernels.ProjectedAdditiveKernel(one_dimensional, num_dims, count, projections=construction)
     elif name == "rbf-ard":
         base = lazy_kernels.RBFKernel(ard_num_dims=num_dims)
     elif name == "matern52-ard":
@@ -129,18 +153,21 @@ class ExactGPRegressor(gpytorch.models.ExactGP):
 
 
 def build_model(
-    train_x: Tensor, train_y: Tensor, kernel: str | Kernel, max_degree: int | None = None
+    train_x: Tensor, train_y: Tensor, kernel: str | Kernel, max_degree: int | None = None,
+    num_projections: int | None = None,
 ) -> tuple[ExactGPRegressor, gpytorch.likelihoods.GaussianLikelihood]:
     """An :class:`ExactGPRegressor` and its Gaussian likelihood, in the dtype and on the device of ``train_x``.
 
-    A kernel given by name is built by :func:`make_kernel` and initialized by :func:`initialize`;
-    a kernel module is used as it is. The noise variance starts at :data:`INITIAL_NOISE`.
+    A kernel given by name is built by :func:`make_kernel`, initialized by :func:`initialize`, and
+    its lengthscales of binary and categorical inputs bounded below by
+    :func:`floor_discrete_lengthscales`; a kernel module is used as it is. The noise variance starts at :data:`INITIAL_NOISE`.
 
     Args:
         train_x: ``(n, d)`` float32/float64 training inputs.
         train_y: ``(n,)`` training targets (same dtype and device).
         kernel: a name from :data:`~lazykern.kernel_names.KERNELS` or a kernel module.
         max_degree: highest interaction order of a named ``additive-ng`` or ``oak`` kernel.
+        num_projections: number of projections of a named projected kernel (``dpa-...``, ``rpa-...``).
 
     Example:
         >>> import torch
@@ -154,10 +181,12 @@ def build_model(
         got = tuple(train_y.shape) if isinstance(train_y, Tensor) else type(train_y).__name__
         raise ValueError(f"train_y must be a tensor of shape ({train_x.shape[0]},), got {got}")
     if isinstance(kernel, str):
-        kernel = make_kernel(kernel, train_x.shape[1], max_degree)
+        kernel = make_kernel(kernel, train_x.shape[1], max_degree, num_projections)
         initialize(kernel, train_x.shape[1])
-    elif max_degree is not None:
-        raise ValueError("max_degree applies to kernels given by name; set it on the kernel module instead")
+        floor_discrete_lengthscales(kernel, train_x)
+    elif max_degree is not None or num_projections is not None:
+        flag = "max_degree" if max_degree is not None else "num_projections"
+        raise ValueError(f"{flag} applies to kernels given by name; set it on the kernel module instead")
     likelihood = gpytorch.likelihoods.GaussianLikelihood()
     likelihood.noise = INITIAL_NOISE
     model = ExactGPRegressor(train_x, train_y.to(train_x), likelihood, kernel)
@@ -171,7 +200,9 @@ def initialize(kernel: Kernel, num_dims: int) -> None:
     ARD and other full-dimensional stationary kernels: :math:`w = d`; interaction kernels
     (:class:`~lazykern.kernels.NewtonGirardAdditiveKernel`, OAK): :math:`w = R`, the highest order;
     :class:`~lazykern.kernels.GroupAdditiveKernel`: the largest group; first-order additive
-    kernels: :math:`w = 1`. A ``ScaleKernel`` is looked through. Inputs are assumed standardized.
+    kernels: :math:`w = 1`, and so :class:`~lazykern.kernels.ProjectedAdditiveKernel` (each term sees one
+    projection :math:`u^\top x` of a unit direction, of variance about 1 for standardized inputs).
+    A ``ScaleKernel`` is looked through. Inputs are assumed standardized.
 
     A Newton–Girard kernel also starts with :data:`TOP_ORDER_SHARE` of its variance on the top
     order and the rest spread evenly over the lower ones: with all orders (:math:`R = d`) mostly
@@ -197,17 +228,7 @@ def initialize(kernel: Kernel, num_dims: int) -> None:
         4.0
     """
     check_positive_int("num_dims", num_dims)
-    inner = kernel.base_kernel if isinstance(kernel, ScaleKernel) else kernel
-    if isinstance(inner, lazy_kernels.NewtonGirardAdditiveKernel):
-        width, base = inner.max_degree, inner.base_kernel
-    elif isinstance(inner, lazy_kernels.AdditiveStructureKernel):
-        width, base = 1, inner.base_kernel
-    elif isinstance(inner, lazy_kernels.GroupAdditiveKernel):
-        width, base = max(len(g) for g in inner.groups), inner.base_kernel
-    elif getattr(inner, "has_lengthscale", False):
-        width, base = num_dims, inner
-    else:
-        raise TypeError(f"initialize knows stationary, additive and interaction kernels, got {type(inner).__name__}")
+    inner, width, base = _lengthscale_owner(kernel, num_dims)
     base.lengthscale = torch.full_like(base.lengthscale, math.sqrt(width))
     if isinstance(inner, lazy_kernels.NewtonGirardAdditiveKernel) and not isinstance(
         inner, lazy_kernels.OrthogonalAdditiveKernel
@@ -216,4 +237,87 @@ def initialize(kernel: Kernel, num_dims: int) -> None:
         variances = torch.full_like(inner.outputscale, lower)
         variances[..., -1] = TOP_ORDER_SHARE
         inner.outputscale = variances
+
+
+def _lengthscale_owner(kernel: Kernel, num_dims: int) -> tuple[Kernel, int, Kernel]:
+    """``(inner, w, base)``: the kernel inside a ``ScaleKernel``, the number of dimensions w its
+    terms multiply, and the module that holds the lengthscales."""
+    inner = kernel.base_kernel if isinstance(kernel, ScaleKernel) else kernel
+    if isinstance(inner, lazy_kernels.NewtonGirardAdditiveKernel):
+        width, base = inner.max_degree, inner.base_kernel
+    elif isinstance(inner, (lazy_kernels.AdditiveStructureKernel, lazy_kernels.ProjectedAdditiveKernel)):
+        width, base = 1, inner.base_kernel
+    elif isinstance(inner, lazy_kernels.GroupAdditiveKernel):
+        width, base = max(len(g) for g in inner.groups), inner.base_kernel
+    elif getattr(inner, "has_lengthscale", False):
+        width, base = num_dims, inner
+    else:
+        raise TypeError(f"initialize knows stationary, additive and interaction kernels, got {type(inner).__name__}")
+    return inner, width, base
+
+
+def discrete_columns(train_x: Tensor) -> dict[int, float]:
+    """The binary and categorical columns of ``train_x`` and the smallest gap between two of each
+    one's values: columns with 2 to :data:`DISCRETE_MAX_LEVELS` distinct values, and at most half
+    as many as there are rows (so that a handful of continuous points is not taken for categories).
+
+    Example:
+        >>> import torch
+        >>> from lazykern.regression import discrete_columns
+        >>> x = torch.stack([torch.arange(40.0) % 2, torch.randn(40), (torch.arange(40.0) % 4) / 2], -1)
+        >>> discrete_columns(x)   # column 0: binary, gap 1; column 2: four levels 0.5 apart
+        {0: 1.0, 2: 0.5}
+    """
+    check_floating_matrix("train_x", train_x)
+    found = {}
+    for column in range(train_x.shape[-1]):
+        levels = torch.unique(train_x[..., column].detach())
+        if 2 <= levels.numel() <= min(DISCRETE_MAX_LEVELS, train_x.shape[-2] // 2):
+            found[column] = float(levels.diff().min())
+    return found
+
+
+def floor_discrete_lengthscales(kernel: Kernel, train_x: Tensor) -> dict[int, float]:
+    r"""Bound the lengthscale of each binary or categorical input (:func:`discrete_columns`) below by
+    :data:`DISCRETE_FLOOR` times the smallest gap :math:`\Delta` between its values; returns the floors.
+
+    An input with a few values shows the likelihood the kernel at distances 0 and multiples of
+    :math:`\Delta` only. Once the lengthscale is a fraction of :math:`\Delta` the kernel between
+    different values is close to 0 and stays so as it shrinks: the likelihood is flat there, and
+    the optimizer may drift to lengthscales near 0 (OAK on UCI bike's binary inputs) where float32
+    rounding and the orthogonal kernel's normalizers break down. At :math:`\ell = \Delta / 3` the
+    kernel between neighbouring values is already 0.011 (RBF) or 0.027 (Matérn 5/2): the floor
+    keeps the model able to treat the values as unrelated and removes only the flat direction.
+    The lengthscale starts at twice its floor where :func:`initialize`'s start is below it.
+
+    Applies to kernels with one lengthscale per input (the ARD, additive and interaction kernels);
+    a projected kernel's terms each see a mix of inputs, and nothing is bounded there.
+
+    Args:
+        kernel: the covariance module (e.g. from :func:`make_kernel`).
+        train_x: ``(n, d)`` training inputs.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.regression import floor_discrete_lengthscales, make_kernel
+        >>> x = torch.stack([torch.arange(40.0) % 2, torch.randn(40)], -1)
+        >>> kernel = make_kernel("rbf-ard", 2)
+        >>> floor_discrete_lengthscales(kernel, x)
+        {0: 0.3333333333333333}
+        >>> _ = kernel.base_kernel.raw_lengthscale.data.fill_(-50.0)   # as far down as training could go
+        >>> [round(v, 4) for v in kernel.base_kernel.lengthscale.squeeze().tolist()]   # the binary input stops at 1/3
+        [0.3333, 0.0]
+    """
+    check_floating_matrix("train_x", train_x)
+    _, _, base = _lengthscale_owner(kernel, train_x.shape[-1])
+    columns = discrete_columns(train_x)
+    lengthscale = base.lengthscale.detach()
+    if not columns or lengthscale.shape[-1] != train_x.shape[-1]:
+        return {}
+    floor = torch.zeros_like(lengthscale)
+    for column, gap in columns.items():
+        floor[..., column] = DISCRETE_FLOOR * gap
+    base.register_constraint("raw_lengthscale", GreaterThan(floor))
+    base.lengthscale = torch.maximum(lengthscale, 2 * floor)
+    return {column: DISCRETE_FLOOR * gap for column, gap in columns.items()}
 

@@ -154,7 +154,8 @@ class _Matmul(torch.autograd.Function):
             if not want or (ctx.one_set and slot == 1):
                 results.append(None)
                 continue
-            stacked = torch.stack([p[slot] for p in parts])
+            # One element (no batch): its gradient as it is; stacking would copy N x d float64.
+            stacked = parts[0][slot].unsqueeze(0) if len(parts) == 1 else torch.stack([p[slot] for p in parts])
             shape = (*batch, *like.shape[-2:]) if slot < 3 else (*batch, 1, like.shape[-1])
             results.append(stacked.reshape(shape).sum_to_size(like.shape).to(like.dtype))
         gx1, gx2, grhs, gscales = results
