@@ -73,7 +73,11 @@ def merged_order(targets: Tensor, sources: Tensor) -> tuple[Tensor, Tensor]:
         ([[0, 3, 1, 2]], [[0.0, 0.0, 1.0, 2.0]])
     """
     one_set = num_sources(targets, sources) < 0
-    values = (sources if one_set else torch.cat([sources, targets])).detach().to(torch.float64).T.contiguous()
+    # (D, M + N) float64 in one copy from each set, whatever their dtype and layout
+    values = torch.empty(sources.shape[-1], sources.shape[0] + (0 if one_set else targets.shape[0]), dtype=torch.float64)
+    values[:, :sources.shape[0]].copy_(sources.detach().T)
+    if not one_set:
+        values[:, sources.shape[0]:].copy_(targets.detach().T)
     slot = (sources.shape, targets.shape, sources.device, one_set)
     with _LOCK:
         recent = list(_RECENT.get(slot, ()))
