@@ -123,6 +123,8 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=["product", "gradient"])
     parser.add_argument("--max-pair-seconds", type=float, default=120.0)
     parser.add_argument("--engines", nargs="+", default=["structured", "cpu", "ski"], choices=ENGINES)
+    parser.add_argument("--max-ski-points", type=int, default=100_000,
+                        help="SKI is skipped above this N (its FFTs of N grid points per dimension at 10^6: GBs)")
     parser.add_argument("--out", type=Path, default=RESULTS / "structured")
     args = parser.parse_args()
     sizes = [tuple(int(v) for v in s.split(":")) for s in args.sizes]
@@ -133,7 +135,9 @@ def main() -> None:
                 for engine in args.engines:
                     spec = {"n": n, "d": d, "engine": engine, "task": task, "family": family, "repeats": args.repeats}
                     rate = pair_rate.get((family, task))
-                    if engine == "cpu" and rate is not None and rate * n * n * d > args.max_pair_seconds:
+                    if engine == "ski" and n > args.max_ski_points:
+                        result = {"skipped": f"not run above {args.max_ski_points:,} points"}
+                    elif engine == "cpu" and rate is not None and rate * n * n * d > args.max_pair_seconds:
                         result = {"skipped": f"estimated {rate * n * n * d:.0f} s from the rate at smaller N"}
                     else:
                         result = measure(spec)
