@@ -643,9 +643,11 @@ def additive_priors(kernel: Kernel) -> Kernel:
       \mathcal N(0, 1)` and a ``ScaleKernel`` around it :math:`\log \sigma^2 \sim \mathcal N(0, 1)`.
 
     An additive kernel with neither learned weights nor a ``ScaleKernel`` keeps its fixed variance
-    :math:`T`. The likelihood keeps BoTorch's noise prior. On 20-dimensional Styblinski–Tang with 40
-    points, an additive RBF model fitted without priors learns lengthscales of 0.01–0.05 on the unit
-    cube; with these it does not (measured in :doc:`/botorch`, ``examples/bo_additive.py``).
+    :math:`T`. The likelihood keeps BoTorch's noise prior. What they change is measured in
+    :doc:`/botorch` (``examples/bo_additive.py``): on 20-dimensional Styblinski–Tang after 25 points,
+    the lazykern additive RBF model fitted without priors ends with a tenth of its lengthscales (over
+    10 runs) below :math:`10^{-17}` and a tenth above 2,000 on the unit cube; with them the middle 80%
+    lie between 0.16 and 0.28 (the mode is 0.205).
 
     Args:
         kernel: a lazykern :class:`~lazykern.kernels.AdditiveStructureKernel`,
