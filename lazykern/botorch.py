@@ -58,6 +58,10 @@ kernels: its spectral measure draws a subset, then a frequency per dimension of 
 projects a random cosine onto the functions that integrate to zero under the input measure, in
 closed form (:class:`OrthogonalFeatureMap`).
 
+**Priors.** :func:`additive_priors` sets, in one call, BoTorch's dimension-scaled lengthscale prior
+for the dimensions each term of an additive kernel acts on, and priors on the term weights that give
+the sum a prior variance of about 1.
+
 **Not supported** (raises a one-line ``NotImplementedError`` naming itself):
 :class:`~lazykern.kernels.ProductKernel`.
 
