@@ -10,6 +10,7 @@ chunked torch engine and nothing compiles.
 from __future__ import annotations
 
 import functools
+import math
 
 import gpytorch
 import pytest
@@ -316,3 +317,65 @@ def test_paths_at_ten_thousand_points_form_no_n_by_n_matrix() -> None:
         assert values.shape == (4, 5) and bool(torch.isfinite(values).all())
     """
     assert peak_rss_increase_mb(setup, body) < 400
+
+
+def _lognormal(kernel_module: gpytorch.Module, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    prior = getattr(kernel_module, f"{name}_prior")
+    assert isinstance(prior, gpytorch.priors.LogNormalPrior)
+    return prior.loc, prior.scale
+
+
+@pytest.mark.parametrize("kind", ["additive", "groups", "orders", "gpytorch"])
+def test_additive_priors_follow_the_dimensions_of_each_term(kind: str) -> None:
+    """BoTorch's lengthscale prior, LogNormal(sqrt 2 + log(k) / 2, sqrt 3), for terms on k dimensions; the
+    weights' priors give the sum a median variance of 1; lengthscales start at the prior's mode."""
+    num_dims = 4
+    if kind == "additive":
+        inner, term_dims = lazykern.AdditiveStructureKernel(lazykern.RBFKernel(ard_num_dims=num_dims), num_dims=num_dims,
+                                                            component_scales=True), [1, 1, 1, 1]
+    elif kind == "groups":
+        inner = lazykern.GroupAdditiveKernel(lazykern.MaternKernel(nu=2.5, ard_num_dims=num_dims),
+                                             groups=[(0, 1, 2), (2, 3), (3,)], component_scales=True)
+        term_dims = [3, 3, 3, 2]
+    elif kind == "orders":
+        inner = lazykern.NewtonGirardAdditiveKernel(lazykern.RBFKernel(ard_num_dims=num_dims), num_dims=num_dims,
+                                                    max_degree=2)
+        term_dims = [2, 2, 2, 2]
+    else:
+        inner, term_dims = gpytorch.kernels.AdditiveStructureKernel(gpytorch.kernels.RBFKernel(), num_dims), [1]
+    kernel = gpytorch.kernels.ScaleKernel(inner).double()
+    assert lazykern.botorch.additive_priors(kernel) is kernel
+    expected_loc = math.sqrt(2) + 0.5 * torch.tensor(term_dims, dtype=DTYPE).log()
+    loc, scale = _lognormal(inner.base_kernel, "lengthscale")
+    torch.testing.assert_close(loc.to(DTYPE), expected_loc, rtol=1e-15, atol=1e-15)
+    torch.testing.assert_close(scale.to(DTYPE), torch.full_like(expected_loc, math.sqrt(3)), rtol=1e-15, atol=0)
+    torch.testing.assert_close(inner.base_kernel.lengthscale.detach().flatten(), (expected_loc - 3).exp())
+    terms = {"additive": 4, "groups": 3, "gpytorch": 4}.get(kind)
+    if kind == "orders":
+        assert float(_lognormal(inner, "outputscale")[0]) == pytest.approx(-math.log(2), abs=1e-15)
+        torch.testing.assert_close(inner.outputscale.detach(), torch.full((2,), 0.5, dtype=DTYPE))
+        assert float(_lognormal(kernel, "outputscale")[0]) == 0
+    elif kind == "gpytorch":  # no per-term weights: the ScaleKernel carries the 1 / T
+        assert float(_lognormal(kernel, "outputscale")[0]) == pytest.approx(-math.log(terms), abs=1e-15)
+        assert float(kernel.outputscale.detach()) == pytest.approx(1 / terms)
+    else:
+        assert float(_lognormal(inner, "component_scales")[0]) == pytest.approx(-math.log(terms), abs=1e-15)
+        torch.testing.assert_close(inner.component_scales.detach(), torch.full((1, terms), 1 / terms, dtype=DTYPE))
+        assert float(_lognormal(kernel, "outputscale")[0]) == 0
+    # The marginal likelihood BoTorch fits includes them (their log densities change it).
+    X = torch.rand(6, num_dims, dtype=DTYPE)
+    model = SingleTaskGP(X, X.sum(-1, keepdim=True), covar_module=kernel)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    model.train()
+    output = model(X)
+    expected = sum(prior.log_prob(closure(module)).sum() for _, module, prior, closure, _ in model.named_priors())
+    assert {name for name, *_ in kernel.named_priors()} < {name.removeprefix("covar_module.")
+                                                           for name, *_ in model.named_priors()}
+    torch.testing.assert_close(mll(output, model.train_targets) * 6,
+                               model.likelihood(output).log_prob(model.train_targets) + expected)
+
+
+def test_additive_priors_name_what_they_take() -> None:
+    with pytest.raises(TypeError, match="^additive_priors: kernel must be an AdditiveStructureKernel .*got "
+                                        r"ScaleKernel\(RBFKernel\)$"):
+        lazykern.botorch.additive_priors(gpytorch.kernels.ScaleKernel(lazykern.RBFKernel()))

@@ -3,6 +3,7 @@ their files into ``--out``, and end a mistake in one line."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -51,11 +52,23 @@ def test_kernel_ridge_reports_each_preconditioner_and_plots_convergence(uci_fixt
     assert (tmp_path / "kernel_ridge_pol.png").is_file()
 
 
+def test_bo_additive_runs_every_configuration(tmp_path):
+    proc = run_example("bo_additive.py", ["--quick", "--out", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = [json.loads(line) for line in (tmp_path / "bo_additive.jsonl").read_text().splitlines()]
+    configs = {(r["problem"], r["model"], r["acquisition"]) for r in runs}
+    assert len(configs) == len(runs) == 11 and ("st4", "lazykern-no-priors", "qlogei") in configs
+    assert all(len(r["best"]) == 2 and r["best"][1] >= r["best"][0] for r in runs), "best so far, 1 iteration"
+    assert (tmp_path / "bo_additive.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| lazykern | ts | 1 |" in (tmp_path / "bo_additive.md").read_text()
+
+
 @pytest.mark.parametrize(
     "script, args, message",
     [
         ("uci_regression.py", ["nosuchdata"], "unknown UCI dataset 'nosuchdata'"),
         ("kernel_ridge_uci.py", ["--precond", "cholesky"], "invalid choice: 'cholesky'"),
+        ("bo_additive.py", ["--problems", "st20", "rosenbrock9"], "unknown problem 'rosenbrock9'"),
     ],
 )
 def test_mistakes_are_one_line(uci_fixture, script, args, message):
