@@ -28,11 +28,9 @@ KERNELS = [StationaryFormula("matern", nu=0.5), StationaryFormula("matern", nu=1
 
 
 def interpolation_matrix(grid: AdditiveGrid, d: int) -> torch.Tensor:
-    n, size = grid.num_points, grid.roots[d].shape[0]
-    W = torch.zeros(n, size, dtype=F64)
-    for a in range(4):
-        W[torch.arange(n), grid.index[d][:, a]] += grid.weights[d][:, a]
-    return W
+    """W_d, the columns of dimension d of the grid's sparse interpolation matrix."""
+    start = sum(r.shape[0] for r in grid.roots[:d])
+    return grid._interpolate.to_dense()[:, start:start + grid.roots[d].shape[0]]
 
 
 @pytest.fixture(scope="module")
