@@ -149,3 +149,21 @@ def test_mll_by_slq_matches_cholesky_with_fewer_products(monkeypatch):
             # SLQ's error per point, with the probes of N(0, P): measured 1e-4 at this size
             assert abs(value - exact) < 2e-3
     assert counts[15] * 2 <= counts[0]  # measured 22 against 63
+
+
+def test_predictions_form_no_train_by_test_matrix(monkeypatch):
+    """Posterior mean and LOVE variances: every kernel product is a lazy pass, nothing M x N is formed."""
+    x, xs = torch.rand(300, 3, dtype=F64) * 4, torch.rand(200, 3, dtype=F64) * 4
+    model, likelihood = build_model(x, torch.sin(x).sum(-1), additive(2.5))
+    model.eval()
+    formed = []
+    dense = lazykern.backend.pairwise_dense
+    monkeypatch.setattr(lazykern.backend, "pairwise_dense",
+                        lambda formula, x1, x2, *a, **k: formed.append((x1.shape[-2], x2.shape[-2])) or dense(formula, x1, x2, *a, **k))
+    # GPyTorch forms both test covariances densely up to max_eager_kernel_size points together
+    with torch.no_grad(), gpytorch.settings.fast_pred_var(), gpytorch.settings.max_cholesky_size(0), \
+            gpytorch.settings.max_eager_kernel_size(0), lazykern.settings.max_dense_bytes(0):
+        posterior = likelihood(model(xs))
+        mean, variance = posterior.mean, posterior.variance
+    assert [shape for shape in formed if shape[0] > 1 and shape[1] > 1] == []
+    assert mean.shape == variance.shape == (200,) and bool((variance > 0).all())

@@ -5,15 +5,17 @@ Markov process: after one sort, a product is two linear recurrences
 (:mod:`lazykern.structured.recurrences`), exact up to rounding. The Gaussian's sums are a fast
 Gauss transform with a stated bound (:mod:`lazykern.structured.gauss`). Gradients are one more
 pass with the two sets' roles exchanged (:mod:`lazykern.structured.additive`). ``ENGINE`` is the
-engine as the chooser lists it (:mod:`lazykern.structured.engine`).
+engine as the chooser lists it (:mod:`lazykern.structured.engine`). The preconditioner of solves
+with these kernels interpolates each term from a grid (:mod:`lazykern.structured.grid`).
 """
 
 from .additive import SUMS, gradients, merged_order, product
 from .engine import ENGINE, StructuredEngine
 from .gauss import gauss_plan, gauss_sums
+from .grid import AdditiveGrid, additive_terms
 from .recurrences import MATERN_POLYNOMIALS, matern_sums
 
 __all__ = [
-    "ENGINE", "MATERN_POLYNOMIALS", "SUMS", "StructuredEngine", "gauss_plan", "gauss_sums", "gradients", "matern_sums",
-    "merged_order", "product",
+    "AdditiveGrid", "ENGINE", "MATERN_POLYNOMIALS", "SUMS", "StructuredEngine", "additive_terms", "gauss_plan",
+    "gauss_sums", "gradients", "matern_sums", "merged_order", "product",
 ]
