@@ -167,3 +167,13 @@ def test_predictions_form_no_train_by_test_matrix(monkeypatch):
         mean, variance = posterior.mean, posterior.variance
     assert [shape for shape in formed if shape[0] > 1 and shape[1] > 1] == []
     assert mean.shape == variance.shape == (200,) and bool((variance > 0).all())
+
+
+def test_rank_and_term_limits(points, monkeypatch):
+    x, scales, noise = points
+    monkeypatch.setattr(grid_module, "MAX_RANK", 40)
+    grid = AdditiveGrid(KERNELS[0], x, scales, noise)
+    v = torch.randn(300, 2, dtype=F64)
+    assert grid.rank <= 40 and torch.allclose(grid.matmul(grid.solve(v)), v, atol=1e-10)  # still exact for its P
+    monkeypatch.setattr(grid_module, "MAX_TERMS", 2)
+    assert additive(2.5)(x).evaluate_kernel().add_diagonal(torch.tensor(0.1, dtype=F64)).preconditioner_override is None

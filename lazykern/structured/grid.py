@@ -16,7 +16,8 @@ where :math:`W_d` holds four interpolation weights per point (:math:`O(N)` numbe
 and :math:`R_d = U \operatorname{diag}(\sqrt{s_d \lambda})` keeps the eigenvectors of the grid's
 Gram matrix whose largest possible contribution to :math:`P`,
 :math:`s_d \lambda \lVert W_d \rVert^2`, is at least :data:`KEPT_FRACTION` of the smallest noise
-(the rest could change no eigenvalue of :math:`P` by more than that fraction of the noise). With
+(the rest could change no eigenvalue of :math:`P` by more than that fraction of the noise), at
+most :data:`MAX_RANK` of them over all dimensions (the largest). With
 :math:`r = \sum_d \operatorname{rank} R_d` and :math:`C = I_r + \Phi^\top D^{-1} \Phi`
 (Cholesky-factored once), everything a solver needs is exact for this :math:`P`:
 
@@ -48,17 +49,24 @@ from torch import Tensor
 from ..formulas import Scaled, StationaryFormula
 from .engine import ENGINE
 
-__all__ = ["GRID_SPACING", "KEPT_FRACTION", "MAX_GRID_POINTS", "MIN_GRID_POINTS", "AdditiveGrid", "additive_terms",
-           "cubic_weights"]
+__all__ = ["GRID_SPACING", "KEPT_FRACTION", "MAX_GRID_POINTS", "MAX_RANK", "MAX_TERMS", "MIN_GRID_POINTS", "AdditiveGrid",
+           "additive_terms", "cubic_weights"]
 
 #: Grid spacing in lengthscales (inputs arrive divided by them).
 GRID_SPACING = 0.1
-#: Fewest and most grid points per dimension (before the interpolation's padding).
+#: Fewest grid points per dimension (before the interpolation's padding of three).
 MIN_GRID_POINTS = 16
+#: Most grid points per dimension (before the padding), so that wider columns get a coarser grid.
 MAX_GRID_POINTS = 512
 #: Eigenvectors of a grid's Gram matrix whose largest contribution to P is below this fraction of
 #: the smallest noise are left out of R_d.
 KEPT_FRACTION = 1e-3
+#: At most this many directions are kept over all dimensions (those of largest contribution), so that
+#: C's Cholesky factor costs at most MAX_RANK^3 / 3 flops (UCI pol, d = 26, kept 2,936 and was built in 1 s).
+MAX_RANK = 4096
+#: Sums of more terms (a projected kernel's hundreds) keep linear_operator's default preconditioner,
+#: since the blocks of C cost O(N) each and there are d^2 / 2 of them.
+MAX_TERMS = 64
 #: Offsets of the four grid points each point is interpolated from, relative to the one at or below it.
 _OFFSETS = (-1, 0, 1, 2)
 
@@ -84,7 +92,8 @@ def cubic_weights(u: Tensor) -> Tensor:
 
 def additive_terms(formula: object, x: Tensor, params: Mapping[str, Tensor]) -> tuple[StationaryFormula, Tensor] | None:
     """The one-dimensional kernel and the per-dimension scales ``(*batch, 1, D)`` (an output scale
-    folded in) of a formula the structured engine takes on ``K(x, x)``; ``None`` for any other.
+    folded in) of a formula the structured engine takes on ``K(x, x)`` with at most
+    :data:`MAX_TERMS` terms; ``None`` for any other.
 
     Example:
         >>> x = torch.randn(10, 3, dtype=torch.float64)
@@ -93,7 +102,7 @@ def additive_terms(formula: object, x: Tensor, params: Mapping[str, Tensor]) -> 
         >>> one, scales.tolist()
         (StationaryFormula(family='matern', additive=False, nu=1.5), [[2.0, 2.0, 2.0]])
     """
-    if not ENGINE.supports(formula, x, x, params):
+    if not ENGINE.supports(formula, x, x, params) or x.shape[-1] > MAX_TERMS:
         return None
     scaled = isinstance(formula, Scaled)
     base = formula.formula if scaled else formula
@@ -147,14 +156,20 @@ class AdditiveGrid:
             weights.append(weight)
             sizes.append(grid.shape[0])
             grams.append(kernel(grid[:, None, None], grid[None, :, None]).squeeze(-1) * scales[d])
-        floor = KEPT_FRACTION * float(noise.min())
-        self.roots = []
+        eigen, reach = [], []
         for d in range(dims):
             # ||W_d||^2 <= max(D) ||W_d^T D^{-1} W_d|| <= max(D) times its largest row sum (Gershgorin)
             histogram = self._histogram(belows[d], weights[d], sizes[d], belows[d], weights[d], sizes[d])
             norm = float(histogram.abs().sum(1).max()) * float(noise.max())
-            values, vectors = torch.linalg.eigh(grams[d])
-            keep = values * norm >= floor
+            eigen.append(torch.linalg.eigh(grams[d]))
+            reach.append(eigen[-1][0] * norm)  # the most each direction can change P by
+        floor = KEPT_FRACTION * float(noise.min())
+        largest = torch.cat(reach).sort(descending=True).values
+        if largest.shape[0] > MAX_RANK:  # C stays at most MAX_RANK square: the largest directions kept
+            floor = max(floor, float(largest[MAX_RANK - 1]))
+        self.roots = []
+        for (values, vectors), most in zip(eigen, reach):
+            keep = (most >= floor) & (values > 0)
             self.roots.append(vectors[:, keep] * values[keep].sqrt())
         self.rank = sum(r.shape[1] for r in self.roots)
         # W = [W_1 ... W_d] as one sparse matrix (4 d entries a row, columns ascending) and its
