@@ -88,9 +88,12 @@ def grid_preconditioner(operator: AddedDiagLinearOperator) -> tuple[Callable | N
         >>> kernel = lazykern.AdditiveStructureKernel(lazykern.MaternKernel(nu=2.5), num_dims=3).double()
         >>> A = kernel(x).evaluate_kernel().add_diagonal(torch.tensor(0.01, dtype=torch.float64))
         >>> closure, P, logdet = A._preconditioner()
-        >>> error = closure(A @ torch.ones(2500, 1, dtype=torch.float64)) - 1   # P^{-1} A 1 - 1: P is close to A
-        >>> bool(error.abs().max() < 0.1), type(P).__name__
-        (True, 'GridPreconditionerOperator')
+        >>> type(P).__name__
+        'GridPreconditionerOperator'
+        >>> b = torch.randn(2500, 1, dtype=torch.float64)
+        >>> with torch.no_grad():   # 6 iterations against 105 when this was written
+        ...     lazykern.solvers.cg(A, b, precond=closure)[1].iterations < lazykern.solvers.cg(A, b)[1].iterations / 5
+        True
     """
     if settings.max_preconditioner_size.value() == 0 or operator.size(-1) < settings.min_preconditioning_size.value():
         return None, None, None
