@@ -12,6 +12,7 @@ from .. import backend
 from ..engine import Engine
 from ..formulas import Combination, Part, Scaled
 from .dense_cache import DENSE_CACHE
+from .preconditioning import attach_grid_preconditioner
 
 
 def _one_tensor(a: Tensor, b: Tensor) -> bool:
@@ -190,7 +191,13 @@ class LazyKernelOperator(KernelLinearOperator):
     # ------------------------------------------------------------------ one formula for sums and products
     def __add__(self, other: Any) -> LinearOperator | Tensor:
         combined = self._combine(other, "sum")
-        return super().__add__(other) if combined is None else combined
+        # K + noise (what GPyTorch's likelihood builds) carries the grid preconditioner where it applies
+        return attach_grid_preconditioner(super().__add__(other)) if combined is None else combined
+
+    def add_diagonal(self, diag: Tensor) -> LinearOperator:
+        """:math:`K + \\operatorname{diag}(d)`, with the grid preconditioner of
+        :mod:`lazykern.operators.preconditioning` where it applies."""
+        return attach_grid_preconditioner(super().add_diagonal(diag))
 
     def _mul_matrix(self, other: LinearOperator | Tensor) -> LinearOperator:
         combined = self._combine(other, "product")

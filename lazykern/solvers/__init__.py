@@ -6,10 +6,11 @@ kernel operator is never formed as an N x N matrix.
 
 from .cg import CGResult, cg
 from .kernel_ridge import KernelRidge
-from .preconditioners import JacobiPreconditioner, PivotedCholeskyPreconditioner, Preconditioner
+from .preconditioners import GridPreconditioner, JacobiPreconditioner, PivotedCholeskyPreconditioner, Preconditioner
 
 __all__ = [
     "CGResult",
+    "GridPreconditioner",
     "JacobiPreconditioner",
     "KernelRidge",
     "PivotedCholeskyPreconditioner",

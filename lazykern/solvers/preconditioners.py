@@ -4,7 +4,9 @@ A preconditioner is any callable that applies :math:`M^{-1} \approx (K + \sigma 
 ``(N, C)`` block (the :class:`Preconditioner` protocol); :func:`lazykern.solvers.cg` calls it once
 per iteration. Both classes here read only the diagonal (``K.diagonal()``) and, for the low-rank
 one, ``rank`` rows (``K[..., rows, :]``) of the operator: O(N D) kernel evaluations each, so a
-lazy kernel operator stays lazy.
+lazy kernel operator stays lazy. :class:`GridPreconditioner`, for the additive kernels of the
+structured engine, reads the operator's inputs and hyperparameters instead
+(:mod:`lazykern.structured.grid`).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from linear_operator import to_dense
 from linear_operator.operators import LinearOperator
 from torch import Tensor
 
+from ..operators import LazyKernelOperator
+from ..structured.grid import AdditiveGrid, additive_terms
 from ..validation import check_positive_int
 
-__all__ = ["Preconditioner", "JacobiPreconditioner", "PivotedCholeskyPreconditioner"]
+__all__ = ["GridPreconditioner", "JacobiPreconditioner", "PivotedCholeskyPreconditioner", "Preconditioner"]
 
 
 @runtime_checkable
@@ -177,3 +181,47 @@ class PivotedCholeskyPreconditioner:
             return self(R.unsqueeze(-1)).squeeze(-1)
         coeffs = self.basis.mT @ R
         return R / self.shift + self.basis @ (self.correction.unsqueeze(-1) * coeffs)
+
+
+class GridPreconditioner:
+    r"""The grid preconditioner of a first-order additive kernel:
+    :math:`M = \sigma I + \sum_d W_d R_d R_d^\top W_d^\top`, each one-dimensional term interpolated
+    from a grid over its column (:class:`lazykern.structured.grid.AdditiveGrid`), applied exactly
+    by Woodbury's identity.
+
+    What GPyTorch's ``K + noise`` gets as its preconditioner (:mod:`lazykern.operators.preconditioning`),
+    for :func:`lazykern.solvers.cg`. Memory O(N d) plus the square of the grids' kept rank;
+    computed in float64 whatever the operator's dtype.
+
+    Args:
+        K: ``(N, N)`` lazykern kernel operator ``K(X, X)`` of a kernel the structured engine takes
+            (``ScaleKernel(AdditiveStructureKernel(MaternKernel(nu) or RBFKernel(), d))``, with or
+            without component scales), *without* the shift and without batch dimensions.
+        shift: :math:`\sigma > 0`, the ridge of the system :math:`K + \sigma I`.
+
+    Example:
+        >>> import torch, lazykern
+        >>> from lazykern.solvers import GridPreconditioner, cg
+        >>> x = torch.rand(2000, 4, dtype=torch.float64)
+        >>> K = lazykern.AdditiveStructureKernel(lazykern.MaternKernel(nu=2.5), num_dims=4).double()(x).evaluate_kernel()
+        >>> A, b = K.add_diagonal(torch.tensor(1e-2, dtype=torch.float64)), torch.randn(2000, dtype=torch.float64)
+        >>> cg(A, b, precond=GridPreconditioner(K, shift=1e-2))[1].iterations < cg(A, b)[1].iterations / 10
+        True
+    """
+
+    def __init__(self, K: LazyKernelOperator, shift: float) -> None:
+        n = _square_size(K)
+        shift = _check_shift(shift, positive=True)
+        terms = additive_terms(K.covar_func, K.x1, K.tensor_params) if isinstance(K, LazyKernelOperator) else None
+        if terms is None or not K._same_points():
+            raise ValueError("K must be a lazykern K(X, X) of a first-order additive Matérn or RBF kernel on CPU tensors "
+                             f"(what the structured engine takes), got {type(K).__name__}")
+        kernel, scales = terms
+        self.dtype = K.dtype
+        self.grid = AdditiveGrid(kernel, K.x1, scales.reshape(-1), torch.full((n,), shift, dtype=torch.float64))
+
+    def __call__(self, R: Tensor) -> Tensor:
+        """:math:`M^{-1} R` for an ``(N,)`` or ``(N, C)`` block."""
+        if R.dim() == 1:
+            return self(R.unsqueeze(-1)).squeeze(-1)
+        return self.grid.solve(R.to(torch.float64)).to(R.dtype)

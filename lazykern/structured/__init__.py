@@ -6,15 +6,17 @@ Markov process: after one sort, a product is two linear recurrences
 Gauss transform with a stated bound (:mod:`lazykern.structured.gauss`). Gradients are one more
 pass with the two sets' roles exchanged (:mod:`lazykern.structured.additive`). Each dimension's sums
 are reduced over the dimensions inside the walks (:mod:`lazykern.structured.combine`). ``ENGINE`` is the
-engine as the chooser lists it (:mod:`lazykern.structured.engine`).
+engine as the chooser lists it (:mod:`lazykern.structured.engine`). The preconditioner of solves
+with these kernels interpolates each term from a grid (:mod:`lazykern.structured.grid`).
 """
 
 from .additive import REDUCTIONS, gradients, merged_order, product
 from .engine import ENGINE, StructuredEngine
 from .gauss import gauss_plan, gauss_reduce
+from .grid import AdditiveGrid, additive_terms
 from .recurrences import MATERN_POLYNOMIALS, matern_reduce
 
 __all__ = [
-    "ENGINE", "MATERN_POLYNOMIALS", "REDUCTIONS", "StructuredEngine", "gauss_plan", "gauss_reduce", "gradients",
-    "matern_reduce", "merged_order", "product",
+    "AdditiveGrid", "ENGINE", "MATERN_POLYNOMIALS", "REDUCTIONS", "StructuredEngine", "additive_terms", "gauss_plan",
+    "gauss_reduce", "gradients", "matern_reduce", "merged_order", "product",
 ]

@@ -45,7 +45,7 @@ from ..engine import Engine, Formula, Gradients
 from ..formulas import InteractionFormula, Scaled, StationaryFormula
 from .additive import gradients, product
 
-__all__ = ["ENGINE", "StructuredEngine"]
+__all__ = ["ENGINE", "AdditiveForm", "StructuredEngine", "additive_form"]
 
 _FAMILIES = ("matern", "rbf")
 
@@ -57,7 +57,7 @@ def _parameter(formula: StationaryFormula, dtype: torch.dtype) -> float:
     return settings.structured_tolerance.for_dtype(dtype)
 
 
-class _Additive(NamedTuple):
+class AdditiveForm(NamedTuple):
     """A formula's first-order additive form: the additive formula of its one-dimensional terms,
     its effective per-dimension scales (outer scales folded in), and whether each term is OAK's
     orthogonal Gaussian term (its inputs then the OAK features)."""
@@ -67,28 +67,36 @@ class _Additive(NamedTuple):
     orthogonal: bool
 
 
-def _additive(formula: Formula, params: Mapping[str, Tensor]) -> _Additive | None:
-    """The first-order additive form of ``formula`` with ``params``, or ``None`` where it has none."""
+def additive_form(formula: Formula, params: Mapping[str, Tensor]) -> AdditiveForm | None:
+    """The first-order additive form of ``formula`` with ``params``, or ``None`` where it has none.
+
+    Example:
+        >>> f = InteractionFormula(StationaryFormula("matern", nu=2.5), max_degree=1)
+        >>> form = additive_form(Scaled(f), {"order_variances": torch.full((1, 1), 3.0),
+        ...                                  "scales": torch.ones(1, 3), "outputscale": torch.full((1, 1), 2.0)})
+        >>> form.terms, form.scales.tolist(), form.orthogonal   # 2 * 3 / 3: the first order is normalized
+        (StationaryFormula(family='matern', additive=True, nu=2.5), [[2.0, 2.0, 2.0]], False)
+    """
     names, outer = set(params), None
     if isinstance(formula, Scaled):
         formula, outer, names = formula.formula, params["outputscale"], names - {"outputscale"}
     if isinstance(formula, StationaryFormula):
         if not (formula.additive and formula.family in _FAMILIES and names == {"scales"}):
             return None
-        form = _Additive(formula, params["scales"], False)
+        form = AdditiveForm(formula, params["scales"], False)
     elif isinstance(formula, InteractionFormula):
         family_ok = formula.kind == "orthogonal" or (formula.kind == "base" and formula.base.family in _FAMILIES)
         if not (formula.max_degree == 1 and family_ok and names == {"scales", "order_variances"}):
             return None
         terms = dataclasses.replace(formula.base, additive=True)
         scales = params["scales"]  # the first order is normalized: sigma_1^2 / D times the sum over D dimensions
-        form = _Additive(terms, params["order_variances"] * scales / scales.shape[-1], formula.kind == "orthogonal")
+        form = AdditiveForm(terms, params["order_variances"] * scales / scales.shape[-1], formula.kind == "orthogonal")
     else:
         return None
     return form if outer is None else form._replace(scales=outer * form.scales)
 
 
-def _product(form: _Additive, x1: Tensor, x2: Tensor, rhs: Tensor) -> Tensor:
+def _product(form: AdditiveForm, x1: Tensor, x2: Tensor, rhs: Tensor) -> Tensor:
     """``K(x1, x2) @ rhs`` of an additive form, differentiable (``x1 is x2`` for one set)."""
     if not form.orthogonal:
         return _Matmul.apply(form.terms, x1, x2, form.scales, rhs)
@@ -180,7 +188,7 @@ class StructuredEngine(Engine):
     products_beat_dense = True
 
     def supports(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
-        form = _additive(formula, params)
+        form = additive_form(formula, params)
         return (
             form is not None
             and x1.device.type == "cpu"
@@ -197,7 +205,7 @@ class StructuredEngine(Engine):
                 f"of such terms or OAK's, optionally Scaled) on CPU tensors; got {formula!r} "
                 f"with parameters {sorted(params)} on {x1.device}"
             )
-        return _product(_additive(formula, params), x1, x2, rhs)
+        return _product(additive_form(formula, params), x1, x2, rhs)
 
     def fuses_symmetric_gradient(self, formula: Formula) -> bool:
         return True
@@ -213,7 +221,7 @@ class StructuredEngine(Engine):
             wanted = [t for t in (x, *leaves.values()) if t.requires_grad]
             if not wanted:
                 return None, None, {name: None for name in params}
-            out = _product(_additive(formula, leaves), x, x, right.detach())
+            out = _product(additive_form(formula, leaves), x, x, right.detach())
             grads = iter(torch.autograd.grad(out, wanted, left.detach()))
         grad_x = next(grads) if x.requires_grad else None
         return grad_x, None, {name: next(grads) if p.requires_grad else None for name, p in leaves.items()}

@@ -1,0 +1,144 @@
+r"""The grid preconditioner on ``linear_operator``'s path: what ``K + D`` carries into CG and SLQ.
+
+GPyTorch builds :math:`K + D` (a kernel matrix plus the likelihood's noise) as an
+``AddedDiagLinearOperator``; its ``_preconditioner`` returns ``(closure, precond_lt, logdet)``,
+which ``linear_operator`` uses for every conjugate-gradient solve and for stochastic Lanczos
+quadrature: the closure applies :math:`P^{-1}` in CG, ``precond_lt`` draws the probe vectors
+:math:`z \sim \mathcal N(0, P)`, and the log-determinant is
+:math:`\log|P| + \widehat{\log|P^{-1} K|}`. Its default is a rank-15 pivoted Cholesky factor.
+
+For the sums of one-dimensional terms the structured engine takes (first-order additive Matérn
+and RBF kernels, :func:`lazykern.structured.grid.additive_terms`), on ``K(X, X)`` without batch
+dimensions, :func:`attach_grid_preconditioner` gives the operator
+:class:`lazykern.structured.grid.AdditiveGrid` instead (``preconditioner_override``), which is
+exact for its :math:`P` in all three. :math:`P` is built from detached hyperparameters: the
+log-determinant's value is still :math:`\log|P| + \log|P^{-1} K|` and its gradient,
+:math:`\operatorname{tr}(K^{-1} \partial K)` estimated with the preconditioned probes, needs no
+derivative of :math:`P`. Everything else keeps ``linear_operator``'s default, and its switches
+still apply: ``max_preconditioner_size(0)`` turns preconditioning off, and operators smaller than
+``min_preconditioning_size`` get none.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from linear_operator import settings
+from linear_operator.operators import AddedDiagLinearOperator, LinearOperator
+from torch import Tensor
+
+from ..structured.grid import AdditiveGrid, additive_terms
+
+__all__ = ["GridPreconditionerOperator", "attach_grid_preconditioner", "grid_preconditioner"]
+
+
+class GridPreconditionerOperator(LinearOperator):
+    r"""The preconditioner :math:`P` of a :class:`~lazykern.structured.grid.AdditiveGrid` as a
+    ``LinearOperator`` (``precond_lt``): products, and draws from :math:`\mathcal N(0, P)` for
+    stochastic Lanczos quadrature's probes. Its one tensor is the (detached) noise diagonal, so
+    that ``linear_operator`` passes no gradient into it.
+
+    Args:
+        noise: ``(N,)`` the noise diagonal (gives the dtype and size).
+        grid: the :class:`~lazykern.structured.grid.AdditiveGrid`.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.formulas import StationaryFormula
+        >>> x, noise = torch.rand(300, 2, dtype=torch.float64), torch.full((300,), 0.1, dtype=torch.float64)
+        >>> P = GridPreconditionerOperator(noise, grid=AdditiveGrid(StationaryFormula("rbf"), x, torch.ones(2), noise))
+        >>> P.shape, P.zero_mean_mvn_samples(5).shape
+        (torch.Size([300, 300]), torch.Size([5, 300]))
+    """
+
+    def __init__(self, noise: Tensor, *, grid: AdditiveGrid) -> None:
+        super().__init__(noise, grid=grid)
+        self.noise = noise
+        self.grid = grid
+
+    def _size(self) -> torch.Size:
+        return torch.Size([self.noise.shape[-1], self.noise.shape[-1]])
+
+    def _transpose_nonbatch(self) -> LinearOperator:
+        return self
+
+    def _matmul(self, rhs: Tensor) -> Tensor:
+        vector = rhs.dim() == 1
+        out = self.grid.matmul(rhs.to(torch.float64).reshape(rhs.shape[0], -1)).to(rhs.dtype)
+        return out.squeeze(-1) if vector else out
+
+    def _diagonal(self) -> Tensor:
+        return self.grid.matmul(torch.eye(self.noise.shape[-1], dtype=torch.float64)).diagonal().to(self.dtype)
+
+    def zero_mean_mvn_samples(self, num_samples: int) -> Tensor:
+        """``(num_samples, N)`` draws from :math:`\\mathcal N(0, P)`."""
+        return self.grid.sample(num_samples).mT.to(self.dtype)
+
+
+def grid_preconditioner(operator: AddedDiagLinearOperator) -> tuple[Callable | None, LinearOperator | None, Tensor | None]:
+    r"""``linear_operator``'s preconditioner triple for :math:`K + D` with an additive lazykern
+    kernel :math:`K`: :math:`v \mapsto P^{-1} v`, :math:`P` as a ``LinearOperator``, and
+    :math:`\log|P|`; ``(None, None, None)`` where ``linear_operator``'s switches turn
+    preconditioning off. Built once per operator and kept on it.
+
+    Example:
+        >>> import torch, gpytorch, lazykern
+        >>> x = torch.rand(2500, 3, dtype=torch.float64)
+        >>> kernel = lazykern.AdditiveStructureKernel(lazykern.MaternKernel(nu=2.5), num_dims=3).double()
+        >>> A = kernel(x).evaluate_kernel().add_diagonal(torch.tensor(0.01, dtype=torch.float64))
+        >>> closure, P, logdet = A._preconditioner()
+        >>> type(P).__name__
+        'GridPreconditionerOperator'
+        >>> b = torch.randn(2500, 1, dtype=torch.float64)
+        >>> with torch.no_grad():   # 6 iterations against 105 when this was written
+        ...     lazykern.solvers.cg(A, b, precond=closure)[1].iterations < lazykern.solvers.cg(A, b)[1].iterations / 5
+        True
+    """
+    if settings.max_preconditioner_size.value() == 0 or operator.size(-1) < settings.min_preconditioning_size.value():
+        return None, None, None
+    cached = operator.__dict__.get("_lazykern_grid")
+    if cached is None:
+        kernel = operator._linear_op
+        one_dimensional, scales = additive_terms(kernel.covar_func, kernel.x1, kernel.tensor_params)
+        noise = operator._diag_tensor.diagonal(dim1=-2, dim2=-1).detach().expand(operator.size(-1))
+        with torch.no_grad():
+            grid = AdditiveGrid(one_dimensional, kernel.x1, scales.reshape(-1), noise)
+        lt = GridPreconditionerOperator(noise.contiguous(), grid=grid)
+        cached = operator.__dict__["_lazykern_grid"] = (lt, torch.tensor(grid.logdet, dtype=operator.dtype))
+    lt, logdet = cached
+
+    def closure(rhs: Tensor) -> Tensor:
+        flat = rhs.to(torch.float64).reshape(rhs.shape[-2], -1) if rhs.dim() > 1 else rhs.to(torch.float64)[:, None]
+        return lt.grid.solve(flat).to(rhs.dtype).reshape(rhs.shape)
+
+    return closure, lt, logdet
+
+
+def attach_grid_preconditioner(added: LinearOperator) -> LinearOperator:
+    """``added`` with :func:`grid_preconditioner` as its preconditioner when it is
+    :math:`K + D` for a lazykern ``K(X, X)`` of a kernel the structured engine takes, without batch
+    dimensions and with a positive noise diagonal; otherwise ``added`` unchanged.
+
+    Example:
+        >>> import torch, lazykern
+        >>> x = torch.rand(200, 3, dtype=torch.float64)
+        >>> additive = lazykern.AdditiveStructureKernel(lazykern.RBFKernel(), num_dims=3).double()
+        >>> additive(x).evaluate_kernel().add_diagonal(torch.tensor(0.1)).preconditioner_override.__name__
+        'grid_preconditioner'
+        >>> lazykern.RBFKernel().double()(x).evaluate_kernel().add_diagonal(torch.tensor(0.1)).preconditioner_override is None
+        True
+    """
+    if not isinstance(added, AddedDiagLinearOperator) or added.preconditioner_override is not None:
+        return added
+    kernel = added._linear_op
+    if not (hasattr(kernel, "covar_func") and kernel.dim() == 2 and kernel._same_points()):
+        return added
+    if additive_terms(kernel.covar_func, kernel.x1, kernel.tensor_params) is None:
+        return added
+    if any(p.shape[:-2].numel() != 1 for p in kernel.tensor_params.values()):
+        return added
+    noise = added._diag_tensor.diagonal(dim1=-2, dim2=-1)
+    if noise.dim() != 1 or not bool((noise.detach() > 0).all()):
+        return added
+    return AddedDiagLinearOperator(kernel, added._diag_tensor, preconditioner_override=grid_preconditioner)
