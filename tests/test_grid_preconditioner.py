@@ -115,6 +115,21 @@ def test_fallbacks_keep_linear_operators_default():
         assert additive(2.5)(x).evaluate_kernel().add_diagonal(noise)._preconditioner() == (None, None, None)
 
 
+def test_first_order_interaction_kernels_take_their_terms_from_the_engine():
+    """A first-order Newton-Girard kernel is interpolated with its order variance and the first
+    order's 1/D; OAK's orthogonalized terms (a Gaussian less a rank-one correction) are not."""
+    x = torch.rand(300, 3, dtype=F64)
+    ng = lazykern.NewtonGirardAdditiveKernel(lazykern.MaternKernel(nu=1.5, ard_num_dims=3), num_dims=3, max_degree=1)
+    ng = gpytorch.kernels.ScaleKernel(ng).double()
+    ng.base_kernel.outputscale, ng.outputscale = 3.0, 2.0
+    op = ng(x).evaluate_kernel()
+    one, scales = grid_module.additive_terms(op.covar_func, op.x1, op.tensor_params)
+    assert one == StationaryFormula("matern", nu=1.5)
+    assert torch.allclose(scales, torch.full((1, 3), 2.0 * 3.0 / 3, dtype=F64))
+    oak = lazykern.OrthogonalAdditiveKernel(num_dims=3, max_degree=1).double()(x).evaluate_kernel()
+    assert grid_module.additive_terms(oak.covar_func, oak.x1, oak.tensor_params) is None
+
+
 def test_float32_operator_gets_a_float32_preconditioner():
     x = torch.rand(300, 3)
     with torch.no_grad(), lo_settings.min_preconditioning_size(0):
