@@ -113,6 +113,8 @@ def test_fallbacks_keep_linear_operators_default():
     assert K.add_diagonal(noise).preconditioner_override is None
     with lo_settings.max_preconditioner_size(0), lo_settings.min_preconditioning_size(0):
         assert additive(2.5)(x).evaluate_kernel().add_diagonal(noise)._preconditioner() == (None, None, None)
+    wide = lazykern.AdditiveStructureKernel(lazykern.MaternKernel(nu=2.5), num_dims=13).double()
+    assert wide(torch.rand(300, 13, dtype=F64)).evaluate_kernel().add_diagonal(noise).preconditioner_override is None
 
 
 def test_first_order_interaction_kernels_take_their_terms_from_the_engine():
@@ -186,8 +188,7 @@ def test_predictions_form_no_train_by_test_matrix(monkeypatch):
 
 def test_rank_and_term_limits(points, monkeypatch):
     x, scales, noise = points
-    monkeypatch.setattr(grid_module, "MAX_RANK", 40)
-    grid = AdditiveGrid(KERNELS[0], x, scales, noise)
+    grid = AdditiveGrid(KERNELS[0], x, scales, noise, max_rank=40)
     v = torch.randn(300, 2, dtype=F64)
     assert grid.rank <= 40 and torch.allclose(grid.matmul(grid.solve(v)), v, atol=1e-10)  # still exact for its P
     monkeypatch.setattr(grid_module, "MAX_TERMS", 2)

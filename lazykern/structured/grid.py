@@ -130,6 +130,7 @@ class AdditiveGrid:
         x: ``(N, D)`` inputs, divided by the lengthscales.
         scales: ``(D,)`` non-negative per-dimension scales.
         noise: ``(N,)`` positive diagonal :math:`D`.
+        max_rank: the most directions kept over all dimensions (the largest), :data:`MAX_RANK` by default.
 
     Example:
         >>> x = torch.rand(500, 2, dtype=torch.float64)
@@ -139,7 +140,8 @@ class AdditiveGrid:
         True
     """
 
-    def __init__(self, kernel: StationaryFormula, x: Tensor, scales: Tensor, noise: Tensor) -> None:
+    def __init__(self, kernel: StationaryFormula, x: Tensor, scales: Tensor, noise: Tensor,
+                 max_rank: int = MAX_RANK) -> None:
         x = x.detach().to(torch.float64)
         scales = scales.detach().to(torch.float64).reshape(-1)
         noise = noise.detach().to(torch.float64).reshape(-1)
@@ -168,8 +170,8 @@ class AdditiveGrid:
             reach.append(eigen[-1][0] * norm)  # the most each direction can change P by
         floor = KEPT_FRACTION * float(noise.min())
         largest = torch.cat(reach).sort(descending=True).values
-        if largest.shape[0] > MAX_RANK:  # C stays at most MAX_RANK square: the largest directions kept
-            floor = max(floor, float(largest[MAX_RANK - 1]))
+        if largest.shape[0] > max_rank:  # C stays at most max_rank square: the largest directions kept
+            floor = max(floor, float(largest[max_rank - 1]))
         self.roots = []
         for (values, vectors), most in zip(eigen, reach):
             keep = (most >= floor) & (values > 0)
