@@ -33,6 +33,7 @@ from torch import Tensor
 
 __all__ = ["COMBINE_SOURCE", "USES_ARGTYPES", "reduce"]
 
+#: The C that every family's walks include (the ``lk_uses`` record, ``lk_use_row``, ``lk_each_dimension``).
 COMBINE_SOURCE = r"""
 #include <omp.h>
 #include <stdint.h>
@@ -115,8 +116,8 @@ static void lk_each_dimension(lk_dimension_fn fn, const void *problem, const lk_
 }
 """
 
-#: The trailing arguments of every family's entry point: D, n, m, order, key, values, C, scales,
-#: out, G, dots, W, point.
+#: The ctypes of the trailing arguments of every family's entry point (D, n, m, order, key, values,
+#: C, scales, out, G, dots, W, point).
 USES_ARGTYPES = [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] + [ctypes.c_void_p] * 6
 
 
