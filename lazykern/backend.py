@@ -226,7 +226,7 @@ def engine_report(device: torch.device | str | None = None) -> str:
         if choice != "auto":
             return f"{device}: engine {choice!r} (forced by lazykern.settings.engine)"
         return (f"{device}: engine 'auto': the structured engine for first-order additive Matérn and RBF "
-                f"kernels (and first-order Newton-Girard and OAK) from {STRUCTURED_MIN_POINTS} points, lazykern's CPU engine for the formulas it compiles, "
+                f"kernels (and first-order Newton-Girard ones) from {STRUCTURED_MIN_POINTS} points, lazykern's CPU engine for the formulas it compiles, "
                 "KeOps for the others, the torch engine for matrix-product formulas and for fewer than "
                 f"{settings.keops_min_size.value()} points")
     if not torch.cuda.is_available():

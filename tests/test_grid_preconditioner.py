@@ -119,7 +119,7 @@ def test_fallbacks_keep_linear_operators_default():
 
 def test_first_order_interaction_kernels_take_their_terms_from_the_engine():
     """A first-order Newton-Girard kernel is interpolated with its order variance and the first
-    order's 1/D; OAK's orthogonalized terms (a Gaussian less a rank-one correction) are not."""
+    order's 1/D; OAK, which the structured engine does not take, is not."""
     x = torch.rand(300, 3, dtype=F64)
     ng = lazykern.NewtonGirardAdditiveKernel(lazykern.MaternKernel(nu=1.5, ard_num_dims=3), num_dims=3, max_degree=1)
     ng = gpytorch.kernels.ScaleKernel(ng).double()

@@ -94,9 +94,7 @@ def cubic_weights(u: Tensor) -> Tensor:
 def additive_terms(formula: object, x: Tensor, params: Mapping[str, Tensor]) -> tuple[StationaryFormula, Tensor] | None:
     """The one-dimensional kernel and the per-dimension scales ``(*batch, 1, D)`` (outer scales
     folded in: :func:`lazykern.structured.engine.additive_form`) of a formula the structured engine
-    takes on ``K(x, x)`` with at most :data:`MAX_TERMS` terms, each a plain one-dimensional kernel
-    (OAK's orthogonalized terms, less a rank-one correction, are not interpolated); ``None`` for
-    any other.
+    takes on ``K(x, x)`` with at most :data:`MAX_TERMS` terms; ``None`` for any other.
 
     Example:
         >>> x = torch.randn(10, 3, dtype=torch.float64)
@@ -108,8 +106,6 @@ def additive_terms(formula: object, x: Tensor, params: Mapping[str, Tensor]) -> 
     if not ENGINE.supports(formula, x, x, params) or x.shape[-1] > MAX_TERMS:
         return None
     form = additive_form(formula, params)
-    if form.orthogonal:
-        return None
     return dataclasses.replace(form.terms, additive=False), form.scales
 
 
