@@ -71,6 +71,7 @@ def test_grid_is_exact_for_its_matrix(points, kernel, monkeypatch):
     assert float((grid.solve(v) - exact).abs().max()) <= 1e-10 * float(exact.abs().max())
     assert abs(grid.logdet - float(torch.logdet(P))) <= 1e-10 * abs(float(torch.logdet(P)))
     assert grid.sample(4).shape == (300, 4)
+    assert torch.allclose(grid.diagonal(), reference.diagonal(), atol=1e-10 * float(reference.abs().max()))
 
 
 def test_grid_rejects_a_non_positive_noise(points):

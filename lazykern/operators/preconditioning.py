@@ -85,7 +85,7 @@ class GridPreconditionerOperator(LinearOperator):
         return out.squeeze(-1) if vector else out
 
     def _diagonal(self) -> Tensor:
-        return self.grid.matmul(torch.eye(self.noise.shape[-1], dtype=torch.float64)).diagonal().to(self.dtype)
+        return self.grid.diagonal().to(self.dtype)
 
     def zero_mean_mvn_samples(self, num_samples: int) -> Tensor:
         """``(num_samples, N)`` draws from :math:`\\mathcal N(0, P)`."""
