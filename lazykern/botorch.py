@@ -261,7 +261,7 @@ def _zero_frequencies(base: Kernel, pairs: int, num_dims: int) -> Tensor:
 
 
 def _fourier_map(kernel: Kernel, base: Kernel, weight: Tensor, amplitudes: _TermAmplitudes) -> KernelFeatureMap:
-    """BoTorch's feature map :math:`a \odot (\sin, \cos)(W \tilde x)` for frequencies ``weight``
+    r"""BoTorch's feature map :math:`a \odot (\sin, \cos)(W \tilde x)` for frequencies ``weight``
     ``(batch.numel(), pairs, D)``, with :math:`\tilde x` the selected columns over the lengthscale
     (periodic: times :math:`2\pi / p`)."""
     if formula_for(base, additive=False).family == "periodic":

@@ -35,7 +35,7 @@ EFFECT_POINTS = 1000
 
 @dataclass
 class ComponentAnalysis:
-    """Result of :func:`component_analysis` (standardized units of inputs and targets).
+    r"""Result of :func:`component_analysis` (standardized units of inputs and targets).
 
     D is the number of first-order components: the inputs, or for a
     :class:`~lazykern.kernels.ProjectedAdditiveKernel` its J projections (component j a function of

@@ -139,7 +139,7 @@ class ProjectedAdditiveKernel(WeightedTermsKernel):
         return additive_formula_arguments(self, projected, projected if x2 is x1 else self.project(x2))
 
     def project(self, x: Tensor) -> Tensor:
-        """The projections :math:`w_j^\top x` the terms see: ``x @ W``, ``(..., N, d) -> (..., N, J)``,
+        r"""The projections :math:`w_j^\top x` the terms see: ``x @ W``, ``(..., N, d) -> (..., N, J)``,
         in the promoted dtype of ``x`` and ``W``.
 
         Example:

@@ -313,7 +313,7 @@ class LinearRule(Rule):
 
 
 def unfold(x: Tensor, module: nn.Module, ones: bool = False) -> Tensor:
-    """Input patches of a convolution per group: ``(N, C, *S)`` -> ``(N, P, G, C / G * prod(kernel_size))``,
+    r"""Input patches of a convolution per group: ``(N, C, *S)`` -> ``(N, P, G, C / G * prod(kernel_size))``,
     the columns ordered as the flattened weight ``(C_out, C_in / G, *kernel_size)`` reads them; with
     ``ones``, each group's patches end in a column of ones (:math:`\tilde U`). One copy either way:
     appending the ones to copied patches was a second copy of them (about 4 % of a small CNN's block)."""
