@@ -38,6 +38,7 @@ COMBINE_SOURCE = r"""
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* What the dimensions' sums feed (NULL: not wanted). out (n, C) = sum_d s_d a_d; dots[d] = <G, a_d>;
    point[d * n + i] = s_d <W_i, b_d,i> (a row per dimension, so that threads never share a line). */
@@ -85,33 +86,55 @@ static inline __attribute__((always_inline)) void lk_use_row(
     }
 }
 
+/* Each thread's scratch, kept from one call to the next and grown when a call needs more. Buffers of
+   this size (tens to hundreds of MB at 10^6 points) come from mmap: allocated and freed on every
+   call they cost page faults on first touch and, when freed, a TLB shootdown of every core; that
+   was a third of a product's time at N = 10^6. Thread-local, so calls from several threads (each
+   with its own OpenMP team) never share one. */
+static __thread double *lk_kept = NULL;
+static __thread int64_t lk_kept_doubles = 0;
+
+static double *lk_scratch(int64_t doubles) {
+    if (doubles > lk_kept_doubles) {
+        free(lk_kept);
+        lk_kept = malloc(sizeof(double) * (size_t)doubles);
+        lk_kept_doubles = lk_kept ? doubles : 0;
+    }
+    return lk_kept;
+}
+
 /* fn(problem, d, uses, out, work) for every dimension d, in parallel, each thread with its own work
-   buffer of work_doubles and its own accumulator of out. The dimensions go to the threads in a fixed
-   round robin and the accumulators are added in thread order, so that the result does not depend
-   on timing: autograd's checks (gradcheck) ask a backward pass to repeat to the last bit. */
+   buffer of work_doubles and its own accumulator of out (thread 0's is out itself). The dimensions
+   go to the threads in a fixed round robin and the accumulators are added in thread order, so that
+   the result does not depend on timing: autograd's checks (gradcheck) ask a backward pass to repeat
+   to the last bit. */
 typedef void (*lk_dimension_fn)(const void *, int64_t, const lk_uses *, double *, double *);
 
 static void lk_each_dimension(lk_dimension_fn fn, const void *problem, const lk_uses *u, int64_t work_doubles) {
     const int64_t most = omp_get_max_threads();
     const int threads = u->D < most ? (int)u->D : (int)most;
     const int64_t size = u->out ? u->n * u->C : 0;
-    double *partial = size ? calloc((size_t)(threads * size), sizeof(double)) : NULL;
+    double *accumulators[threads];
     #pragma omp parallel num_threads(threads)
     {
-        double *work = malloc(sizeof(double) * (work_doubles > 0 ? work_doubles : 1));
-        double *out = partial ? partial + omp_get_thread_num() * size : NULL;
+        const int t = omp_get_thread_num();
+        const int64_t own = t > 0 ? size : 0;
+        double *work = lk_scratch(own + (work_doubles > 0 ? work_doubles : 1));
+        double *out = size ? (t > 0 ? work + work_doubles : u->out) : NULL;
+        if (out) memset(out, 0, sizeof(double) * (size_t)size);
+        accumulators[t] = out;
+        #pragma omp barrier
         #pragma omp for schedule(static, 1)
         for (int64_t d = 0; d < u->D; ++d) fn(problem, d, u, out, work);
-        free(work);
-    }
-    if (partial) {
-        #pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t k = 0; k < size; ++k) {
-            double total = 0.0;
-            for (int t = 0; t < threads; ++t) total += partial[t * size + k];
-            u->out[k] = total;
+        /* the implicit barrier of the loop: every accumulator is complete */
+        if (size) {
+            #pragma omp for schedule(static)
+            for (int64_t k = 0; k < size; ++k) {
+                double total = u->out[k];
+                for (int s = 1; s < threads; ++s) total += accumulators[s][k];
+                u->out[k] = total;
+            }
         }
-        free(partial);
     }
 }
 """

@@ -148,12 +148,16 @@ static int64_t boxes(const double *z, int64_t count, double o, double h, int64_t
    source. A target box with more than p targets gathers, from every source box within reach, the p
    Taylor coefficients L_m of the sum about its centre and evaluates them at each target; a smaller
    one sums the source boxes within reach at each target. Entry ord[k] < m is source ord[k], else
-   target ord[k] - m; with m < 0 every entry is both. */
+   target ord[k] - m; with m < 0 every entry is both. Its buffers are carved from scratch, of
+   gauss_scratch(n_tot, p, C) doubles. */
+static int64_t gauss_scratch(int64_t n_tot, int64_t p, int64_t C) { return n_tot * (9 + C) + p * (C + 3) + 2; }
+
 static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const int64_t *ord,
-                      const double *key, int64_t m, const double *v, int64_t C, double *a, double *b) {
+                      const double *key, int64_t m, const double *v, int64_t C, double *a, double *b,
+                      double *scratch) {
     const int both = m < 0;
-    int64_t *src = malloc(sizeof(int64_t) * 2 * n_tot), *tgt = src + n_tot;
-    double *zs = malloc(sizeof(double) * 2 * n_tot), *xs = zs + n_tot;
+    int64_t *src = (int64_t *)scratch, *tgt = src + n_tot;
+    double *zs = scratch + 2 * n_tot, *xs = zs + n_tot;
     int64_t ms = 0, ns = 0;
     for (int64_t k = 0; k < n_tot; ++k) {
         if (both || ord[k] < m) { src[ms] = ord[k]; zs[ms++] = key[k]; }
@@ -163,15 +167,16 @@ static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const in
         memset(a + tgt[i] * C, 0, sizeof(double) * C);
         if (b) memset(b + tgt[i] * C, 0, sizeof(double) * C);
     }
-    if (ms == 0 || ns == 0) { free(zs); free(src); return; }
+    if (ms == 0 || ns == 0) return;
     const double o = key[0];
-    int64_t *sstart = malloc(sizeof(int64_t) * (ms + 1)), *tstart = malloc(sizeof(int64_t) * (ns + 1));
-    double *scentre = malloc(sizeof(double) * ms), *tcentre = malloc(sizeof(double) * ns);
-    int64_t *moment = malloc(sizeof(int64_t) * ms);
+    int64_t *sstart = (int64_t *)(xs + n_tot), *tstart = sstart + ms + 1;
+    double *scentre = (double *)(tstart + ns + 1), *tcentre = scentre + ms;
+    int64_t *moment = (int64_t *)(tcentre + ns);
     const int64_t nsb = boxes(zs, ms, o, h, sstart, scentre), ntb = boxes(xs, ns, o, h, tstart, tcentre);
     int64_t dense = 0;
     for (int64_t q = 0; q < nsb; ++q) moment[q] = sstart[q + 1] - sstart[q] > p ? dense++ : -1;
-    double *mom = calloc((size_t)(dense > 0 ? dense : 1) * p * C, sizeof(double));
+    double *mom = (double *)(moment + ms);   /* dense < ms / p boxes: at most ms C doubles */
+    memset(mom, 0, sizeof(double) * (size_t)(dense * p * C));
     for (int64_t q = 0; q < nsb; ++q) {   /* A_n = sum_z beta^n / n! v_z, beta = (z - s) / sqrt 2 */
         if (moment[q] < 0) continue;
         double *mq = mom + moment[q] * p * C;
@@ -185,8 +190,8 @@ static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const in
             }
         }
     }
-    double *hh = malloc(sizeof(double) * 2 * p), *L = malloc(sizeof(double) * p * C);
-    double *sign_fact = malloc(sizeof(double) * p);   /* (-1)^m / m! */
+    double *hh = mom + dense * p * C, *L = hh + 2 * p;
+    double *sign_fact = L + p * C;   /* (-1)^m / m! */
     sign_fact[0] = 1.0;
     for (int64_t k = 1; k < p; ++k) sign_fact[k] = -sign_fact[k - 1] / (double)k;
     int64_t lo = 0, hi = 0;   /* source boxes within reach of the current target box (dense) */
@@ -280,8 +285,6 @@ static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const in
             }
         }
     }
-    free(sign_fact); free(L); free(hh); free(mom); free(moment);
-    free(tcentre); free(scentre); free(tstart); free(sstart); free(zs); free(src);
 }
 
 typedef struct {
@@ -297,7 +300,8 @@ static void gauss_dimension(const void *problem, int64_t d, const lk_uses *u, do
     const gauss_problem *P = problem;
     const int64_t n = u->n, C = u->C;
     double *a = work, *b = u->W ? work + n * C : NULL;
-    gauss_dim(P->p, P->h, P->reach, P->n_tot, P->ord + d * P->n_tot, P->key + d * P->n_tot, P->m, P->v, C, a, b);
+    gauss_dim(P->p, P->h, P->reach, P->n_tot, P->ord + d * P->n_tot, P->key + d * P->n_tot, P->m, P->v, C, a, b,
+              work + (u->W ? 2 : 1) * n * C);
     double dot = 0.0;
     for (int64_t i = 0; i < n; ++i) lk_use_row(u, d, i, a + i * C, b ? b + i * C : NULL, out, &dot);
     if (u->dots) u->dots[d] = dot;
@@ -310,7 +314,7 @@ void lk_gauss_additive(int64_t p, double h, double reach, int64_t D, int64_t n, 
     const int64_t n_tot = m < 0 ? n : n + m;
     const lk_uses u = {D, n, C, scales, G, W, out, dots, point};
     const gauss_problem P = {p, n_tot, m, h, reach, ord, key, v};
-    lk_each_dimension(gauss_dimension, &P, &u, (W ? 2 : 1) * n * C);
+    lk_each_dimension(gauss_dimension, &P, &u, (W ? 2 : 1) * n * C + gauss_scratch(n_tot, p, C));
 }
 """
 

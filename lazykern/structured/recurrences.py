@@ -146,9 +146,9 @@ typedef struct {
     int64_t m;
 } matern_problem;
 
-/* Doubles of work per thread: flags, gaps and decays, and the values, sums and derivative sums of
-   every column in sorted order. */
-static int64_t matern_work(int64_t n_tot, int64_t C) { return n_tot * (3 + 3 * C); }
+/* Doubles of work per thread: flags, gaps and decays, and the values, sums and (where asked)
+   derivative sums of every column in sorted order. */
+static int64_t matern_work(int64_t n_tot, int64_t C, int derivatives) { return n_tot * (3 + (derivatives ? 3 : 2) * C); }
 
 /* One dimension: the gaps and decays once, the values of all C columns gathered into sorted order
    once (rows read in sequence by the walks), blocks of 16, 12, 8, 4, 2 or 1 columns walked, and
@@ -215,7 +215,7 @@ void lk_matern_additive(int64_t p, double c, const double *pc, const double *dc,
     const int64_t n_tot = m < 0 ? n : n + m;
     const lk_uses u = {D, n, C, scales, G, W, out, dots, point};
     const matern_problem P = {p, n_tot, c, pc, dc, v, ord, key, m};
-    lk_each_dimension(matern_dimension, &P, &u, matern_work(n_tot, C));
+    lk_each_dimension(matern_dimension, &P, &u, matern_work(n_tot, C, W != NULL));
 }
 """
 
