@@ -58,16 +58,17 @@ _DENSITY = 128.0
 
 def _truncation_bound(p: int, h: float) -> float:
     """The largest truncation error of the expansions for ``p`` terms in boxes of width ``h``, per
-    unit of :math:`|v_j|`, for the values and the derivatives (see the module docstring)."""
-
-    def log_term(n: int, m: int) -> float:  # log of K (h/2)^(n+m) sqrt((n+m)!) / (n! m!)
-        return (math.log(_CRAMER) + (n + m) * math.log(h / 2) + 0.5 * math.lgamma(n + m + 1)
-                - math.lgamma(n + 1) - math.lgamma(m + 1))
-
-    outside = [(n, k) for n in range(p + 60) for k in range(p + 60) if n >= p or k >= p]
-    value = sum(math.exp(log_term(n, k)) for n, k in outside)
-    slope = sum(2 * k / h * math.exp(log_term(n, k)) for n, k in outside)
-    direct = sum(_CRAMER * (h / 2) ** n * math.sqrt((n + 1) / math.factorial(n)) for n in range(p, p + 60))
+    unit of :math:`|v_j|`, for the values and the derivatives (see the module docstring). The
+    double series is summed over 60 more orders than kept, as one tensor (a plan is made once per
+    bound and density, but a Python loop over its terms took most of a second)."""
+    n, k = torch.meshgrid(torch.arange(p + 60, dtype=torch.float64), torch.arange(p + 60, dtype=torch.float64),
+                          indexing="ij")
+    outside = (n >= p) | (k >= p)
+    log_terms = (math.log(_CRAMER) + (n + k) * math.log(h / 2) + 0.5 * torch.lgamma(n + k + 1)
+                 - torch.lgamma(n + 1) - torch.lgamma(k + 1))  # log of K (h/2)^(n+k) sqrt((n+k)!) / (n! k!)
+    terms = torch.where(outside, log_terms.exp(), 0.0)
+    value, slope = float(terms.sum()), float((2 * k / h * terms).sum())
+    direct = sum(_CRAMER * (h / 2) ** q * math.sqrt((q + 1) / math.factorial(q)) for q in range(p, p + 60))
     return max(value, slope, direct)
 
 
@@ -150,7 +151,7 @@ static int64_t boxes(const double *z, int64_t count, double o, double h, int64_t
    one sums the source boxes within reach at each target. Entry ord[k] < m is source ord[k], else
    target ord[k] - m; with m < 0 every entry is both. Its buffers are carved from scratch, of
    gauss_scratch(n_tot, p, C) doubles. */
-static int64_t gauss_scratch(int64_t n_tot, int64_t p, int64_t C) { return n_tot * (9 + C) + p * (C + 3) + 2; }
+static int64_t gauss_scratch(int64_t n_tot, int64_t p, int64_t C) { return n_tot * (10 + 4 * C) + p * (C + 3) + 3; }
 
 static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const int64_t *ord,
                       const double *key, int64_t m, const double *v, int64_t C, double *a, double *b,
@@ -163,13 +164,42 @@ static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const in
         if (both || ord[k] < m) { src[ms] = ord[k]; zs[ms++] = key[k]; }
         if (both || ord[k] >= m) { tgt[ns] = both ? ord[k] : ord[k] - m; xs[ns++] = key[k]; }
     }
-    for (int64_t i = 0; i < ns; ++i) {
-        memset(a + tgt[i] * C, 0, sizeof(double) * C);
-        if (b) memset(b + tgt[i] * C, 0, sizeof(double) * C);
+    if (ms == 0 || ns == 0) {
+        for (int64_t i = 0; i < ns; ++i) {
+            memset(a + tgt[i] * C, 0, sizeof(double) * C);
+            if (b) memset(b + tgt[i] * C, 0, sizeof(double) * C);
+        }
+        return;
     }
-    if (ms == 0 || ns == 0) return;
+    /* Ties: the expansions run over distinct values, each source value carrying its sources' values
+       summed (vu, in sorted order, so that they are also read in sequence) and each target value's
+       sums (au, bu) copied to its targets at the end. Discrete inputs, as many UCI columns are, have
+       a few hundred distinct values among thousands of points. */
+    double *vu = xs + n_tot, *au = vu + n_tot * C, *bu = b ? au + n_tot * C : NULL;
+    int64_t *first = (int64_t *)(au + (b ? 2 : 1) * n_tot * C);
+    int64_t mu = 0, nu = 0;
+    for (int64_t s = 0; s < ms; ++s) {
+        if (s + LK_AHEAD < ms) __builtin_prefetch(v + src[s + LK_AHEAD] * C);
+        const double *restrict from = v + src[s] * C;
+        if (mu == 0 || zs[s] != zs[mu - 1]) {
+            zs[mu] = zs[s];
+            memcpy(vu + mu * C, from, sizeof(double) * C);
+            ++mu;
+        } else {
+            double *restrict to = vu + (mu - 1) * C;
+            #pragma omp simd
+            for (int64_t c = 0; c < C; ++c) to[c] += from[c];
+        }
+    }
+    for (int64_t i = 0; i < ns; ++i)
+        if (nu == 0 || xs[i] != xs[nu - 1]) { xs[nu] = xs[i]; first[nu++] = i; }
+    first[nu] = ns;
+    ms = mu;
+    ns = nu;
+    memset(au, 0, sizeof(double) * (size_t)(ns * C));
+    if (bu) memset(bu, 0, sizeof(double) * (size_t)(ns * C));
     const double o = key[0];
-    int64_t *sstart = (int64_t *)(xs + n_tot), *tstart = sstart + ms + 1;
+    int64_t *sstart = first + ns + 1, *tstart = sstart + ms + 1;
     double *scentre = (double *)(tstart + ns + 1), *tcentre = scentre + ms;
     int64_t *moment = (int64_t *)(tcentre + ns);
     const int64_t nsb = boxes(zs, ms, o, h, sstart, scentre), ntb = boxes(xs, ns, o, h, tstart, tcentre);
@@ -182,7 +212,7 @@ static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const in
         double *mq = mom + moment[q] * p * C;
         for (int64_t s = sstart[q]; s < sstart[q + 1]; ++s) {
             double beta = (zs[s] - scentre[q]) * RS2, t = 1.0;
-            const double *vs = v + src[s] * C;
+            const double *vs = vu + s * C;
             for (int64_t n = 0; n < p; ++n) {
                 #pragma omp simd
                 for (int64_t c = 0; c < C; ++c) mq[n * C + c] += t * vs[c];
@@ -216,7 +246,7 @@ static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const in
                 } else {                /* L_m += (-1)^m / m! h_m((t - z) / sqrt 2) v_z */
                     for (int64_t s = sstart[r]; s < sstart[r + 1]; ++s) {
                         hermite((t - zs[s]) * RS2, p, hh);
-                        const double *vs = v + src[s] * C;
+                        const double *vs = vu + s * C;
                         for (int64_t mm = 0; mm < p; ++mm) {
                             const double f = sign_fact[mm] * hh[mm];
                             #pragma omp simd
@@ -227,7 +257,7 @@ static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const in
             }
             for (int64_t i = tstart[q]; i < tstart[q + 1]; ++i) {   /* Horner in y = (x - t) / sqrt 2 */
                 const double y = (xs[i] - t) * RS2;
-                double *restrict ai = a + tgt[i] * C, *restrict bi = b ? b + tgt[i] * C : NULL;
+                double *restrict ai = au + i * C, *restrict bi = bu ? bu + i * C : NULL;
                 /* the columns innermost: independent chains, so the loops vectorize */
                 #pragma omp simd
                 for (int64_t c = 0; c < C; ++c) ai[c] = L[(p - 1) * C + c];
@@ -252,7 +282,7 @@ static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const in
         }
         for (int64_t i = tstart[q]; i < tstart[q + 1]; ++i) {
             const double x = xs[i];
-            double *ai = a + tgt[i] * C, *bi = b ? b + tgt[i] * C : NULL;
+            double *ai = au + i * C, *bi = bu ? bu + i * C : NULL;
             while (plo < nsb && scentre[plo] < x - reach) ++plo;
             if (phi < plo) phi = plo;
             while (phi < nsb && scentre[phi] <= x + reach) ++phi;
@@ -260,7 +290,7 @@ static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const in
                 if (moment[r] < 0) {
                     for (int64_t s = sstart[r]; s < sstart[r + 1]; ++s) {
                         const double d = x - zs[s], e = exp(-0.5 * d * d);
-                        const double *vs = v + src[s] * C;
+                        const double *vs = vu + s * C;
                         #pragma omp simd
                         for (int64_t c = 0; c < C; ++c) ai[c] += e * vs[c];
                         if (bi) {
@@ -285,6 +315,11 @@ static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const in
             }
         }
     }
+    for (int64_t q = 0; q < ns; ++q)   /* each distinct target value's sums to its targets */
+        for (int64_t i = first[q]; i < first[q + 1]; ++i) {
+            memcpy(a + tgt[i] * C, au + q * C, sizeof(double) * C);
+            if (b) memcpy(b + tgt[i] * C, bu + q * C, sizeof(double) * C);
+        }
 }
 
 typedef struct {
