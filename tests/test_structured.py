@@ -91,6 +91,17 @@ def test_products_and_gradients_against_dense(family, parameter, lengthscale, on
             assert ((got - expected).abs().max() / expected.abs().max()).item() < 1e-8
 
 
+@pytest.mark.parametrize("family, parameter", [("matern", 2.5), ("rbf", 1e-10)], ids=["matern2.5", "rbf"])
+def test_float32_values_are_summed_as_their_float64_copies(family, parameter):
+    """The walks read float32 right-hand sides as they are: each converts exactly, so the float64
+    sums are those of the float64 copy, to the last bit."""
+    from lazykern.structured.additive import product
+
+    x1, x2, v, scales = inputs(300, 200, 1.0, one_set=False)
+    single = v.float()
+    assert torch.equal(product(family, parameter, x1, x2, single, scales),
+                       product(family, parameter, x1, x2, single.double(), scales))
+
 @pytest.mark.parametrize("one_set", [False, True], ids=["two-sets", "one-set"])
 @pytest.mark.parametrize("family, parameter", [("matern", 1.5), ("rbf", 1e-10)], ids=["matern1.5", "rbf"])
 def test_discrete_inputs_against_dense(family, parameter, one_set):

@@ -59,6 +59,37 @@ static inline __attribute__((always_inline)) void lk_prefetch_row(const lk_uses 
     if (u->W) __builtin_prefetch(u->W + i * u->C);
 }
 
+/* Row j of the sources' values, C numbers of float32 (single) or float64, into row as float64 (add:
+   added to it). Float32 values are read as given, half the bytes of a float64 copy; each converts
+   exactly. */
+static inline __attribute__((always_inline)) void lk_value_row(
+        const void *values, int single, int64_t j, int64_t C, int add, double *restrict row) {
+    if (single) {
+        const float *restrict from = (const float *)values + j * C;
+        if (add) {
+            #pragma omp simd
+            for (int64_t c = 0; c < C; ++c) row[c] += from[c];
+        } else {
+            #pragma omp simd
+            for (int64_t c = 0; c < C; ++c) row[c] = from[c];
+        }
+    } else {
+        const double *restrict from = (const double *)values + j * C;
+        if (add) {
+            #pragma omp simd
+            for (int64_t c = 0; c < C; ++c) row[c] += from[c];
+        } else {
+            #pragma omp simd
+            for (int64_t c = 0; c < C; ++c) row[c] = from[c];
+        }
+    }
+}
+
+/* Ask for row j of the sources' values ahead of lk_value_row (an address past them never faults). */
+static inline __attribute__((always_inline)) void lk_prefetch_value(const void *values, int single, int64_t j, int64_t C) {
+    __builtin_prefetch((const char *)values + j * C * (single ? 4 : 8));
+}
+
 /* Target i's rows a, b of dimension d into the thread's accumulator out and its dot. */
 static inline __attribute__((always_inline)) void lk_use_row(
         const lk_uses *u, int64_t d, int64_t i, const double *restrict a, const double *restrict b,
@@ -140,8 +171,8 @@ static void lk_each_dimension(lk_dimension_fn fn, const void *problem, const lk_
 """
 
 #: The ctypes of the trailing arguments of every family's entry point (D, n, m, order, key, values,
-#: C, scales, out, G, dots, W, point).
-USES_ARGTYPES = [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] + [ctypes.c_void_p] * 6
+#: single (the values are float32), C, scales, out, G, dots, W, point).
+USES_ARGTYPES = [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 6
 
 
 def _pointer(t: Tensor | None) -> int:
@@ -163,17 +194,19 @@ def reduce(fn: Callable, leading: Sequence, order: Tensor, key: Tensor, num_sour
         fn: the family's compiled entry point, ``leading`` its first arguments.
         order, key: ``(D, M + N)`` merged order and sorted values (``(D, N)`` for one set).
         num_sources: ``M``, or ``-1`` for one set.
-        values: ``(M, C)`` the sources' values.
+        values: ``(M, C)`` the sources' values (float32 read as they are, any other dtype as float64).
         scales: ``(D,)`` per-dimension scales.
         grad, weights: ``(N, C)`` each, or ``None``.
     """
     dims, total = order.shape
     n, cols = total - max(num_sources, 0), values.shape[-1]
-    v, s, g, w = _rows(values), _rows(scales), _rows(grad), _rows(weights)
+    single = values.dtype == torch.float32  # read as they are: float32 rows convert exactly, in C
+    v = values.detach().contiguous() if single else _rows(values)
+    s, g, w = _rows(scales), _rows(grad), _rows(weights)
     order, key = order.contiguous(), key.detach().to(torch.float64).contiguous()
     result = torch.empty(n, cols, dtype=torch.float64) if out else None  # every entry is written
     dots = torch.zeros(dims, dtype=torch.float64) if g is not None else None
     point = torch.empty(dims, n, dtype=torch.float64) if w is not None else None  # every entry is written
-    fn(*leading, dims, n, num_sources, order.data_ptr(), key.data_ptr(), v.data_ptr(), cols, s.data_ptr(),
+    fn(*leading, dims, n, num_sources, order.data_ptr(), key.data_ptr(), v.data_ptr(), int(single), cols, s.data_ptr(),
        _pointer(result), _pointer(g), _pointer(dots), _pointer(w), _pointer(point))
     return result, dots, None if point is None else point.T

@@ -154,7 +154,7 @@ static int64_t boxes(const double *z, int64_t count, double o, double h, int64_t
 static int64_t gauss_scratch(int64_t n_tot, int64_t p, int64_t C) { return n_tot * (10 + 4 * C) + p * (C + 3) + 3; }
 
 static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const int64_t *ord,
-                      const double *key, int64_t m, const double *v, int64_t C, double *a, double *b,
+                      const double *key, int64_t m, const void *v, int single, int64_t C, double *a, double *b,
                       double *scratch) {
     const int both = m < 0;
     int64_t *src = (int64_t *)scratch, *tgt = src + n_tot;
@@ -179,16 +179,13 @@ static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const in
     int64_t *first = (int64_t *)(au + (b ? 2 : 1) * n_tot * C);
     int64_t mu = 0, nu = 0;
     for (int64_t s = 0; s < ms; ++s) {
-        if (s + LK_AHEAD < ms) __builtin_prefetch(v + src[s + LK_AHEAD] * C);
-        const double *restrict from = v + src[s] * C;
+        if (s + LK_AHEAD < ms) lk_prefetch_value(v, single, src[s + LK_AHEAD], C);
         if (mu == 0 || zs[s] != zs[mu - 1]) {
             zs[mu] = zs[s];
-            memcpy(vu + mu * C, from, sizeof(double) * C);
+            lk_value_row(v, single, src[s], C, 0, vu + mu * C);
             ++mu;
         } else {
-            double *restrict to = vu + (mu - 1) * C;
-            #pragma omp simd
-            for (int64_t c = 0; c < C; ++c) to[c] += from[c];
+            lk_value_row(v, single, src[s], C, 1, vu + (mu - 1) * C);
         }
     }
     for (int64_t i = 0; i < ns; ++i)
@@ -326,7 +323,9 @@ typedef struct {
     int64_t p, n_tot, m;
     double h, reach;
     const int64_t *ord;
-    const double *key, *v;
+    const double *key;
+    const void *v;
+    int single;
 } gauss_problem;
 
 /* One dimension into the work buffer (its targets' sums a and, where the inputs' gradient is
@@ -335,7 +334,7 @@ static void gauss_dimension(const void *problem, int64_t d, const lk_uses *u, do
     const gauss_problem *P = problem;
     const int64_t n = u->n, C = u->C;
     double *a = work, *b = u->W ? work + n * C : NULL;
-    gauss_dim(P->p, P->h, P->reach, P->n_tot, P->ord + d * P->n_tot, P->key + d * P->n_tot, P->m, P->v, C, a, b,
+    gauss_dim(P->p, P->h, P->reach, P->n_tot, P->ord + d * P->n_tot, P->key + d * P->n_tot, P->m, P->v, P->single, C, a, b,
               work + (u->W ? 2 : 1) * n * C);
     double dot = 0.0;
     for (int64_t i = 0; i < n; ++i) lk_use_row(u, d, i, a + i * C, b ? b + i * C : NULL, out, &dot);
@@ -344,11 +343,11 @@ static void gauss_dimension(const void *problem, int64_t d, const lk_uses *u, do
 
 /* The additive sums of D dimensions (lk_uses), as lk_matern_additive. */
 void lk_gauss_additive(int64_t p, double h, double reach, int64_t D, int64_t n, int64_t m, const int64_t *ord,
-                       const double *key, const double *v, int64_t C, const double *scales, double *out,
+                       const double *key, const void *v, int64_t single, int64_t C, const double *scales, double *out,
                        const double *G, double *dots, const double *W, double *point) {
     const int64_t n_tot = m < 0 ? n : n + m;
     const lk_uses u = {D, n, C, scales, G, W, out, dots, point};
-    const gauss_problem P = {p, n_tot, m, h, reach, ord, key, v};
+    const gauss_problem P = {p, n_tot, m, h, reach, ord, key, v, (int)single};
     lk_each_dimension(gauss_dimension, &P, &u, (W ? 2 : 1) * n * C + gauss_scratch(n_tot, p, C));
 }
 """

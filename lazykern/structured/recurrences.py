@@ -140,7 +140,9 @@ static inline __attribute__((always_inline)) void block(
 typedef struct {
     int64_t p, n_tot;
     double c;
-    const double *pc, *dc, *v;
+    const double *pc, *dc;
+    const void *v;
+    int single;
     const int64_t *ord;
     const double *key;
     int64_t m;
@@ -169,12 +171,10 @@ static void matern_dimension(const void *problem, int64_t d, const lk_uses *u, d
         decay[k] = exp(-gap[k]);
         /* the rows arrive in random order: ask for one LK_AHEAD entries ahead while copying this one */
         /* (a target entry ahead gives an address past the values: a prefetch never faults) */
-        if (k + LK_AHEAD < n_tot) __builtin_prefetch(P->v + ord[k + LK_AHEAD] * C);
+        if (k + LK_AHEAD < n_tot) lk_prefetch_value(P->v, P->single, ord[k + LK_AHEAD], C);
         double *restrict row = vs + k * C;
         if (src[k]) {
-            const double *restrict from = P->v + ord[k] * C;
-            #pragma omp simd
-            for (int64_t j = 0; j < C; ++j) row[j] = from[j];
+            lk_value_row(P->v, P->single, ord[k], C, 0, row);
         } else {
             #pragma omp simd
             for (int64_t j = 0; j < C; ++j) row[j] = 0.0;
@@ -210,11 +210,12 @@ static void matern_dimension(const void *problem, int64_t d, const lk_uses *u, d
 /* The additive sums of D dimensions (lk_uses): ord[d, :] the merged order of the m sources and
    n targets (or of the n points of one set, m < 0), key[d, :] their sorted values. */
 void lk_matern_additive(int64_t p, double c, const double *pc, const double *dc, int64_t D, int64_t n, int64_t m,
-                        const int64_t *ord, const double *key, const double *v, int64_t C, const double *scales,
+                        const int64_t *ord, const double *key, const void *v, int64_t single, int64_t C,
+                        const double *scales,
                         double *out, const double *G, double *dots, const double *W, double *point) {
     const int64_t n_tot = m < 0 ? n : n + m;
     const lk_uses u = {D, n, C, scales, G, W, out, dots, point};
-    const matern_problem P = {p, n_tot, c, pc, dc, v, ord, key, m};
+    const matern_problem P = {p, n_tot, c, pc, dc, v, (int)single, ord, key, m};
     lk_each_dimension(matern_dimension, &P, &u, matern_work(n_tot, C, W != NULL));
 }
 """
