@@ -156,6 +156,11 @@ def test_order_is_reused_while_it_still_sorts(monkeypatch):
     assert len(calls) == 1
     merged_order(torch.randn(500, 4, dtype=F64), x)  # other values: sorted anew
     assert len(calls) == 2
+    # an order that still ascends but puts a target before a source of equal value: sorted anew
+    col = lambda *t: torch.tensor(t, dtype=F64)[:, None]  # noqa: E731
+    assert merged_order(col(1.0, 3.0), col(0.0, 2.0))[1].tolist() == [[0, 2, 1, 3]]
+    assert merged_order(col(1.0, 3.0), col(0.0, 1.0))[1].tolist() == [[0, 1, 2, 3]]
+    assert len(calls) == 4
 
 
 def test_gauss_plan_bound():
