@@ -146,9 +146,12 @@ static void lk_each_dimension(lk_dimension_fn fn, const void *problem, const lk_
     const int threads = u->D < most ? (int)u->D : (int)most;
     const int64_t size = u->out ? u->n * u->C : 0;
     double *accumulators[threads];
+    int team = 1;  /* the team's actual size: smaller when nested in another parallel region */
     #pragma omp parallel num_threads(threads)
     {
         const int t = omp_get_thread_num();
+        #pragma omp single
+        team = omp_get_num_threads();
         const int64_t own = t > 0 ? size : 0;
         double *work = lk_scratch(own + (work_doubles > 0 ? work_doubles : 1));
         double *out = size ? (t > 0 ? work + work_doubles : u->out) : NULL;
@@ -162,7 +165,7 @@ static void lk_each_dimension(lk_dimension_fn fn, const void *problem, const lk_
             #pragma omp for schedule(static)
             for (int64_t k = 0; k < size; ++k) {
                 double total = u->out[k];
-                for (int s = 1; s < threads; ++s) total += accumulators[s][k];
+                for (int s = 1; s < team; ++s) total += accumulators[s][k];
                 u->out[k] = total;
             }
         }
