@@ -189,8 +189,8 @@ def summarize(records: list[dict], full: bool) -> list[dict]:
             mine = [r for r in runs if r["kernel"] == kernel]
             good = [r for r in mine if "error" not in r and not diverged(r)]
             if not mine:
-                if full and kernel in FULL_NOT_RUN:
-                    row["kernels"][kernel] = {"not_run": FULL_NOT_RUN[kernel]}
+                if full:
+                    row["kernels"][kernel] = {"not_run": FULL_NOT_RUN.get(kernel, "not run")}
                 continue
             row["kernels"][kernel] = {
                 "rmse": [r["rmse"] for r in good], "nlpd": [r["nlpd"] for r in good],

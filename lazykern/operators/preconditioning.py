@@ -43,7 +43,7 @@ PATH_MAX_TERMS = 12
 
 
 def _path_rank(n: int, dims: int) -> int:
-    """The most directions the grid keeps on linear_operator's path: with :math:`r^2 \le N d` an
+    r"""The most directions the grid keeps on linear_operator's path: with :math:`r^2 \le N d` an
     application (a Cholesky solve with :math:`C`, :math:`r^2` a column) costs about one kernel
     product; 256 at least, a factor that costs little whatever N."""
     return min(MAX_RANK, max(256, math.isqrt(n * dims)))
