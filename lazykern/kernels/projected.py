@@ -48,7 +48,9 @@ class ProjectedAdditiveKernel(WeightedTermsKernel):
     before the formula; the formula is :class:`AdditiveStructureKernel`'s on the projected inputs,
     so every engine evaluates it lazily (no :math:`J \times N \times N` tensor, nor :math:`N \times N`
     unless it fits :class:`lazykern.settings.max_dense_bytes`), and gradients reach :math:`W`, the
-    scales and the base kernel's hyperparameters. A product costs :math:`O(N^2 J)`.
+    scales and the base kernel's hyperparameters. A product costs :math:`O(N^2 J)` on the pair
+    engines and :math:`O(N J)` after one sort per projection on the structured engine, which takes
+    Matérn and RBF bases on CPU tensors (:mod:`lazykern.structured`).
 
     The directions (the columns of ``projections``):
 
