@@ -314,17 +314,8 @@ static void gauss_dim(int64_t p, double h, double reach, int64_t n_tot, const in
     }
     for (int64_t q = 0; q < ns; ++q)   /* each distinct target value's sums to its targets */
         for (int64_t i = first[q]; i < first[q + 1]; ++i) {
-            /* loops, not memcpy: rows of a few numbers, not worth a library call each */
-            double *restrict ai = a + tgt[i] * C;
-            const double *restrict from = au + q * C;
-            #pragma omp simd
-            for (int64_t c = 0; c < C; ++c) ai[c] = from[c];
-            if (b) {
-                double *restrict bi = b + tgt[i] * C;
-                const double *restrict bfrom = bu + q * C;
-                #pragma omp simd
-                for (int64_t c = 0; c < C; ++c) bi[c] = bfrom[c];
-            }
+            lk_value_row(au, 0, q, C, 0, a + tgt[i] * C);
+            if (b) lk_value_row(bu, 0, q, C, 0, b + tgt[i] * C);
         }
 }
 
