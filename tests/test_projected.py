@@ -2,7 +2,8 @@
 
 * exactness against a dense reference written from the formula (the projection done here, the
   one-dimensional terms from ``tests/reference.py``) and against ``AdditiveStructureKernel`` of the
-  same base on the projected inputs: values and gradients (W, scales, base hyperparameters), through
+  same base on the projected inputs: values and gradients (W, scales, input lengthscales, base
+  hyperparameters), through
   ``kernel(X)`` and ``kernel(X, Z)`` with a batch shape, on the torch engine, lazykern's CPU
   engine and with default settings (and one case forced on KeOps), float64, relative error <= 1e-12;
 * gradcheck on a tiny case (inputs, directions, scales, lengthscale);
@@ -50,14 +51,16 @@ def mode(name: str):
         yield
 
 
-def make_projected(family: str, ard: bool, batch_shape=BATCH, projections="rpa") -> lazykern.ProjectedAdditiveKernel:
+def make_projected(family: str, ard: bool, batch_shape=BATCH, projections="rpa",
+                   input_lengthscales=False) -> lazykern.ProjectedAdditiveKernel:
     """Learned directions, distinct non-default hyperparameters (a mix-up between terms shows)."""
     kw = dict(ard_num_dims=J if ard else None, batch_shape=batch_shape)
     if family.startswith("matern"):
         base = lazykern.MaternKernel(nu=float(family[len("matern") :]), **kw)
     else:
         base = {"rbf": lazykern.RBFKernel, "rq": lazykern.RQKernel, "periodic": lazykern.PeriodicKernel}[family](**kw)
-    kernel = lazykern.ProjectedAdditiveKernel(base, D, J, projections=projections, learn_projections=True).double()
+    kernel = lazykern.ProjectedAdditiveKernel(base, D, J, projections=projections, learn_projections=True,
+                                              input_lengthscales=input_lengthscales).double()
     shape = base.raw_lengthscale.shape
     base.lengthscale = torch.linspace(0.6, 1.7, shape[-1], dtype=F64).expand(shape)
     if family == "rq":
@@ -65,7 +68,15 @@ def make_projected(family: str, ard: bool, batch_shape=BATCH, projections="rpa")
     if family == "periodic":
         base.period_length = torch.linspace(1.1, 2.3, shape[-1], dtype=F64).expand(shape)
     kernel.component_scales = torch.linspace(0.5, 2.0, J, dtype=F64).expand_as(kernel.component_scales)
+    if input_lengthscales:
+        kernel.input_lengthscale = torch.linspace(0.4, 2.5, D, dtype=F64).expand_as(kernel.input_lengthscale)
     return kernel
+
+
+def projected(kernel, x):
+    """The inputs the terms see, from the formula: (x / ell) @ W, or x @ W without input lengthscales."""
+    ell = kernel.input_lengthscale
+    return (x if ell is None else x / ell) @ kernel.projections
 
 
 def dense_reference(kernel, x1, x2, diag=False):
@@ -79,8 +90,8 @@ def dense_reference(kernel, x1, x2, diag=False):
     def terms(a, b, pairs):
         return reference.kernel(
             type(base).__name__.replace("Kernel", "").lower(),
-            a @ kernel.projections,
-            b @ kernel.projections,
+            projected(kernel, a),
+            projected(kernel, b),
             base.lengthscale,
             additive=True,
             scales=kernel.component_scales,
@@ -128,13 +139,15 @@ def _values_and_gradients(kernel, K, b):
 
 
 @pytest.mark.parametrize("engine", list(MODES))
-@pytest.mark.parametrize("ard", [False, True], ids=["shared", "ard"])
+@pytest.mark.parametrize("ard, inputs", [(False, False), (True, False), (False, True)],
+                         ids=["shared", "ard", "input-lengthscales"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_equals_dense_reference_and_additive_kernel_on_projections(family, ard, engine):
-    kernel = make_projected(family, ard)
+def test_equals_dense_reference_and_additive_kernel_on_projections(family, ard, inputs, engine):
+    kernel = make_projected(family, ard, input_lengthscales=inputs)
     additive = additive_on_projections(kernel)
     names = [name for name, _ in kernel.named_parameters()]
     assert "projections" in names and "raw_component_scales" in names and "base_kernel.raw_lengthscale" in names
+    assert ("raw_input_lengthscale" in names) == inputs
     x, z = _inputs()
     for b in (x, z):
         with mode(engine):
@@ -142,10 +155,10 @@ def test_equals_dense_reference_and_additive_kernel_on_projections(family, ard, 
             with torch.no_grad():
                 dense = kernel(x, b).to_dense()
         expected = _values_and_gradients(kernel, dense_reference(kernel, x, b), b)
-        projected = x @ kernel.projections
+        on_x = projected(kernel, x)
         with mode(engine):
             on_projections = _values_and_gradients(
-                kernel, additive(projected, projected if b is x else b @ kernel.projections), b
+                kernel, additive(on_x, on_x if b is x else projected(kernel, b)), b
             )
         assert_close(dense, dense_reference(kernel, x, b).detach(), rtol=1e-12)
         for actual, want, theirs in zip(lazy, expected, on_projections):
@@ -173,10 +186,11 @@ def test_keops_products_and_gradients_equal_the_dense_reference():
 
 
 @pytest.mark.parametrize("engine", ["torch", "cpu"])
-def test_gradcheck_inputs_directions_scales_lengthscale(engine):
+def test_gradcheck_inputs_directions_scales_lengthscales(engine):
     torch.manual_seed(0)
     kernel = lazykern.ProjectedAdditiveKernel(
-        lazykern.MaternKernel(nu=2.5), num_dims=2, num_projections=J, projections="rpa", learn_projections=True
+        lazykern.MaternKernel(nu=2.5), num_dims=2, num_projections=J, projections="rpa", learn_projections=True,
+        input_lengthscales=True,
     ).double()
     rhs = torch.randn(3, 2, dtype=F64)
 
@@ -189,7 +203,8 @@ def test_gradcheck_inputs_directions_scales_lengthscale(engine):
             return self.kernel(x, z) @ rhs
 
     product = Product()
-    names = ("kernel.projections", "kernel.raw_component_scales", "kernel.base_kernel.raw_lengthscale")
+    names = ("kernel.projections", "kernel.raw_component_scales", "kernel.base_kernel.raw_lengthscale",
+             "kernel.raw_input_lengthscale")
     start = dict(product.named_parameters())
 
     def f(x, z, *params):
@@ -211,7 +226,8 @@ class _ProjectedCase(_InMode, BaseKernelTestCase):
 
     def create_kernel_ard(self, num_dims, **kwargs):
         return lazykern.ProjectedAdditiveKernel(
-            lazykern.MaternKernel(nu=1.5, ard_num_dims=3, **kwargs), num_dims=num_dims, num_projections=3
+            lazykern.MaternKernel(nu=1.5, ard_num_dims=3, **kwargs), num_dims=num_dims, num_projections=3,
+            input_lengthscales=True,
         )
 
     def test_active_dims_list(self):
@@ -281,8 +297,11 @@ def test_given_projections_are_copied_and_learnable():
 
 
 def test_batch_kernel_has_one_copy_of_the_directions_per_member_and_indexes():
-    kernel = lazykern.ProjectedAdditiveKernel(lazykern.RBFKernel(batch_shape=torch.Size([3])), D, J).double()
+    kernel = lazykern.ProjectedAdditiveKernel(lazykern.RBFKernel(batch_shape=torch.Size([3])), D, J,
+                                              input_lengthscales=True).double()
     assert kernel.projections.shape == (3, D, J) and kernel.batch_shape == (3,)
+    assert kernel.input_lengthscale.shape == (3, 1, D)
+    kernel.input_lengthscale = torch.rand(3, 1, D, dtype=F64) + 0.5
     x = torch.randn(3, 10, D, dtype=F64)
     with torch.no_grad():
         assert_close(kernel[1](x[1]).to_dense(), kernel(x).to_dense()[1], rtol=1e-12)
@@ -293,6 +312,20 @@ def test_scales_start_at_one_over_j():
     assert_close(kernel.component_scales, torch.full((1, 8), 1 / 8, dtype=F64), rtol=1e-6)  # set in float32
     x = torch.randn(4, D, dtype=F64)
     assert_close(kernel(x, diag=True), torch.ones(4, dtype=F64), rtol=1e-6)
+
+
+def test_input_lengthscales_start_at_one_and_divide_the_inputs():
+    plain = lazykern.ProjectedAdditiveKernel(lazykern.RBFKernel(), D, J).double()
+    scaled = lazykern.ProjectedAdditiveKernel(lazykern.RBFKernel(), D, J, input_lengthscales=True).double()
+    assert plain.input_lengthscale is None
+    assert_close(scaled.input_lengthscale, torch.ones(1, D, dtype=F64), rtol=1e-6)  # set in float32
+    x = torch.randn(6, D, dtype=F64)
+    ell = torch.linspace(0.5, 3.0, D, dtype=F64)
+    scaled.input_lengthscale = ell
+    with torch.no_grad():
+        assert_close(scaled(x).to_dense(), plain(x / ell).to_dense(), rtol=1e-12)
+    with pytest.raises(AttributeError, match="construct with input_lengthscales=True"):
+        plain.input_lengthscale = 1.0
 
 
 # ------------------------------------------------------------------ bad arguments
@@ -307,6 +340,7 @@ BAD = [
     (dict(projections=torch.eye(D, J) * torch.tensor([1.0, 0.0, 1.0])), ValueError, "projections has all-zero columns [1]"),
     (dict(learn_projections="yes"), TypeError, "learn_projections must be True or False, got 'yes'"),
     (dict(seed=-1), ValueError, "seed must be"),
+    (dict(input_lengthscales=1), TypeError, "input_lengthscales must be True or False, got 1"),
     (dict(base_kernel=lazykern.RBFKernel(ard_num_dims=D)), ValueError,
      f"base_kernel.lengthscale has {D} entries: use ard_num_dims=None (shared) or ard_num_dims=num_projections={J}"),
     (dict(base_kernel=gpytorch.kernels.LinearKernel()), TypeError, "base_kernel must be one of"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
+from gpytorch.constraints import Positive
 from gpytorch.kernels import Kernel
 from torch import Tensor, nn
 
@@ -40,11 +41,18 @@ class ProjectedAdditiveKernel(WeightedTermsKernel):
 
     .. math::
 
-        k(x, x') = \sum_{j=1}^{J} s_j\, k_{\text{base}}\big(w_j^\top x,\; w_j^\top x'\big),
-        \qquad W = [w_1, \dots, w_J] \in \mathbb{R}^{d \times J}.
+        k(x, x') = \sum_{j=1}^{J} s_j\, k_{\text{base}}\big(w_j^\top \Lambda^{-1} x,\;
+        w_j^\top \Lambda^{-1} x'\big),
+        \qquad W = [w_1, \dots, w_J] \in \mathbb{R}^{d \times J},
+
+    where :math:`\Lambda = \operatorname{diag}(\ell_1, \dots, \ell_d)` holds one lengthscale per
+    input dimension when ``input_lengthscales=True`` (else :math:`\Lambda = I`).
 
     As :math:`J` grows, the sum approaches a kernel on the full input space even though each term
-    sees one dimension. The projection is an :math:`N \times d \to N \times J` product in torch,
+    sees one dimension: with directions spread over the sphere, an isotropic kernel of
+    :math:`\Lambda^{-1}(x - x')`, so with the input lengthscales :math:`\ell` (the paper's
+    "prescaling", learned with the other hyperparameters) a kernel with ARD, in :math:`d` more
+    parameters rather than the :math:`dJ` of learned directions. The projection is an :math:`N \times d \to N \times J` product in torch,
     before the formula; the formula is :class:`AdditiveStructureKernel`'s on the projected inputs,
     so every engine evaluates it lazily (no :math:`J \times N \times N` tensor, nor :math:`N \times N`
     unless it fits :class:`lazykern.settings.max_dense_bytes`), and gradients reach :math:`W`, the
@@ -78,6 +86,10 @@ class ProjectedAdditiveKernel(WeightedTermsKernel):
         learn_projections: train :math:`W` (``projections`` is then an ``nn.Parameter``; else a
             buffer, saved with the model and moved with ``.to()``, but not trained).
         seed: seed of the RPA and DPA directions.
+        input_lengthscales: learn one lengthscale :math:`\ell_i` per input dimension
+            (:attr:`input_lengthscale`, starting at 1), dividing the inputs before they are
+            projected. A shared lengthscale of the base kernel is then redundant (it scales every
+            :math:`\ell_i` alike).
 
     The scales :math:`s_j` (:attr:`~lazykern.kernels.base.WeightedTermsKernel.component_scales`,
     learned, positive) start at :math:`1/J`, so the kernel starts as the paper's average of the
@@ -95,6 +107,10 @@ class ProjectedAdditiveKernel(WeightedTermsKernel):
         >>> K = kernel(x)   # a LinearOperator; no 20 x 1000 x 1000 tensor
         >>> kernel(x[:5], diag=True).shape
         torch.Size([5])
+        >>> scaled = lazykern.ProjectedAdditiveKernel(base, num_dims=8, num_projections=20,
+        ...                                           input_lengthscales=True)
+        >>> scaled.input_lengthscale.shape   # one per input dimension, divided out before projecting
+        torch.Size([1, 8])
     """
 
     is_stationary = True  # w^T x - w^T x' = w^T (x - x'): each term, so the sum, sees x - x' only
@@ -107,12 +123,14 @@ class ProjectedAdditiveKernel(WeightedTermsKernel):
         projections: str | Tensor = "dpa",
         learn_projections: bool = False,
         seed: int = 0,
+        input_lengthscales: bool = False,
     ) -> None:
         check_positive_int("num_dims", num_dims)
         check_positive_int("num_projections", num_projections)
         given = check_projections("projections", projections, num_dims, num_projections, choices=CONSTRUCTIONS)
         check_flag("learn_projections", learn_projections)
         check_non_negative_int("seed", seed)
+        check_flag("input_lengthscales", input_lengthscales)
         check_term_hyperparameters(base_kernel, num_projections, terms_name="num_projections", term="projection")
         formula = formula_for(base_kernel, additive=True)
         # The formula's terms read the J projected coordinates: to the base class, J "dimensions".
@@ -134,6 +152,26 @@ class ProjectedAdditiveKernel(WeightedTermsKernel):
         else:
             self.register_buffer("projections", directions)
         self.component_scales = 1.0 / num_projections
+        if input_lengthscales:
+            shape = (*self.batch_shape, 1, num_dims)
+            self.register_parameter("raw_input_lengthscale", nn.Parameter(torch.zeros(shape, dtype=self._dtype())))
+            self.register_constraint("raw_input_lengthscale", Positive())
+            self.input_lengthscale = torch.ones(shape, dtype=self._dtype())
+
+    @property
+    def input_lengthscale(self) -> Tensor | None:
+        r"""The lengthscales :math:`\ell` the inputs are divided by before they are projected, shape
+        ``(*batch_shape, 1, num_dims)``, or ``None`` for a kernel built without ``input_lengthscales``."""
+        if not hasattr(self, "raw_input_lengthscale"):
+            return None
+        return self.raw_input_lengthscale_constraint.transform(self.raw_input_lengthscale)
+
+    @input_lengthscale.setter
+    def input_lengthscale(self, value: Tensor | float) -> None:
+        if not hasattr(self, "raw_input_lengthscale"):
+            raise AttributeError("this kernel has no input lengthscales: construct with input_lengthscales=True")
+        value = torch.as_tensor(value).to(self.raw_input_lengthscale)
+        self.initialize(raw_input_lengthscale=self.raw_input_lengthscale_constraint.inverse_transform(value))
 
     def formula_arguments(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         projected = self.project(x1)
@@ -141,8 +179,8 @@ class ProjectedAdditiveKernel(WeightedTermsKernel):
         return additive_formula_arguments(self, projected, projected if x2 is x1 else self.project(x2))
 
     def project(self, x: Tensor) -> Tensor:
-        r"""The projections :math:`w_j^\top x` the terms see: ``x @ W``, ``(..., N, d) -> (..., N, J)``,
-        in the promoted dtype of ``x`` and ``W``.
+        r"""The projections :math:`w_j^\top \Lambda^{-1} x` the terms see: ``x @ W`` (``x / ell @ W`` with
+        input lengthscales), ``(..., N, d) -> (..., N, J)``, in the promoted dtype of ``x`` and ``W``.
 
         Example:
             >>> import torch, lazykern
@@ -151,7 +189,11 @@ class ProjectedAdditiveKernel(WeightedTermsKernel):
             torch.Size([10, 5])
         """
         dtype = torch.promote_types(x.dtype, self.projections.dtype)
-        return x.to(dtype) @ self.projections.to(dtype)
+        directions = self.projections.to(dtype)
+        if self.input_lengthscale is not None:
+            # Dividing W's rows is dividing x's columns: d x J numbers instead of N x d.
+            directions = directions / self.input_lengthscale.to(dtype).transpose(-1, -2)
+        return x.to(dtype) @ directions
 
 
 def random_directions(num_dims: int, num_projections: int, seed: int) -> Tensor:
