@@ -58,9 +58,11 @@ def make_kernel(name: str, num_dims: int, max_degree: int | None = None, num_pro
       order (:class:`lazykern.kernels.NewtonGirardAdditiveKernel`, no ``ScaleKernel``);
     * ``oak``: the same over RBF kernels made orthogonal to a standard normal input measure
       (:class:`lazykern.kernels.OrthogonalAdditiveKernel`, for standardized inputs);
-    * ``dpa-matern52`` / ``dpa-rbf`` / ``rpa-matern52`` / ``rpa-rbf``: :math:`s \sum_j w_j\, k(u_j^\top x,
-      u_j^\top x')` over J unit directions :math:`u_j`, diverse (DPA) or random (RPA), fixed, with
-      one shared lengthscale and learned weights :math:`w_j`
+    * ``dpa-matern52`` / ``dpa-rbf`` / ``rpa-matern52`` / ``rpa-rbf``: :math:`s \sum_j w_j\, k(u_j^\top
+      \Lambda^{-1} x, u_j^\top \Lambda^{-1} x')` over J unit directions :math:`u_j`, diverse (DPA) or
+      random (RPA), fixed, with learned weights :math:`w_j` and one learned lengthscale per input
+      dimension, :math:`\Lambda = \operatorname{diag}(\ell)` (``input_lengthscales=True``; the base
+      kernel's lengthscale stays at 1, as it would only scale every :math:`\ell_i` alike)
       (:class:`lazykern.kernels.ProjectedAdditiveKernel`);
     * ``rbf-ard`` / ``matern52-ard``: lazykern's full-dimensional ARD kernels
       (:class:`lazykern.kernels.RBFKernel`, :class:`lazykern.kernels.MaternKernel`);
@@ -82,8 +84,9 @@ def make_kernel(name: str, num_dims: int, max_degree: int | None = None, num_pro
         torch.Size([2])
         >>> make_kernel("additive-ng", 8).max_degree   # all orders by default
         8
-        >>> make_kernel("dpa-matern52", 8, num_projections=12).base_kernel.projections.shape
-        torch.Size([8, 12])
+        >>> projected = make_kernel("dpa-matern52", 8, num_projections=12).base_kernel
+        >>> projected.projections.shape, projected.input_lengthscale.shape
+        (torch.Size([8, 12]), torch.Size([1, 8]))
     """
     check_positive_int("num_dims", num_dims)
     if name not in KERNELS:
@@ -112,8 +115,10 @@ def make_kernel(name: str, num_dims: int, max_degree: int | None = None, num_pro
     elif name in PROJECTED_KERNELS:
         construction, family = name.split("-")
         one_dimensional = lazy_kernels.RBFKernel() if family == "rbf" else lazy_kernels.MaternKernel(nu=2.5)
+        one_dimensional.raw_lengthscale.requires_grad_(False)
         count = default_num_projections(num_dims) if num_projections is None else num_projections
-        base = lazy_kernels.ProjectedAdditiveKernel(one_dimensional, num_dims, count, projections=construction)
+        base = lazy_kernels.ProjectedAdditiveKernel(one_dimensional, num_dims, count, projections=construction,
+                                                    input_lengthscales=True)
     elif name == "rbf-ard":
         base = lazy_kernels.RBFKernel(ard_num_dims=num_dims)
     elif name == "matern52-ard":
