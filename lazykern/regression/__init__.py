@@ -49,7 +49,9 @@ Example:
 
 
 from ..kernel_names import DEFAULT_KERNEL, KERNELS
-from .evaluation import PeakMemory, RegressionResult, fit_evaluate, gaussian_metrics, hyperparameters, predict
+from .evaluation import (
+    PeakMemory, RegressionResult, fit_evaluate, gaussian_metrics, hyperparameters, predict, variance_bounds,
+)
 from .model import DEFAULT_MAX_DEGREE, DISCRETE_FLOOR, DISCRETE_MAX_LEVELS, INITIAL_NOISE, TOP_ORDER_SHARE, \
     ExactGPRegressor, build_model, discrete_columns, floor_discrete_lengthscales, initialize, make_kernel
 from .training import ADAM_PLATEAU_WINDOW, OPTIMIZERS, TOLERANCES, TrainingLog, refines_in_float64, resolve_optimizer, \
@@ -79,6 +81,7 @@ __all__ = [
     "refines_in_float64",
     "to_float64",
     "predict",
+    "variance_bounds",
     "gaussian_metrics",
     "hyperparameters",
     "fit_evaluate",
