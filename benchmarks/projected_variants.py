@@ -97,12 +97,21 @@ def main() -> None:
     specs = [{"dataset": ds, "split": split, "n_train": args.n_train, "projections": projections(ds),
               "max_cholesky": max_cholesky, "variant": v}
              for ds in args.datasets for split in args.splits for v in args.variants]
-    with ThreadPoolExecutor(args.jobs) as pool:
-        records = list(pool.map(measure, specs))
     from lazykern.cache_paths import cpu_model
 
     meta = {"machine": cpu_model().split("; flags")[0], "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
             "command": " ".join(sys.argv)}
+    records = []
+    with ThreadPoolExecutor(args.jobs) as pool:
+        # Written after every run: a long regeneration stopped early keeps what it measured.
+        for record in pool.map(measure, specs):
+            records.append(record)
+            text = write(args, meta, max_cholesky, records)
+    print(text)
+
+
+def write(args: argparse.Namespace, meta: dict, max_cholesky: int, records: list[dict]) -> str:
+    """Writes the records so far to ``args.out`` (``.json`` and ``.md``); returns the Markdown."""
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "records": records}, indent=1) + "\n")
     lines = [f"# Projected additive kernels against ARD ({meta['date']})", "",
@@ -117,9 +126,9 @@ def main() -> None:
             lines.append(f"{head} | {r['error']} | | |")
         else:
             lines.append(f"{head} {r['solver']} | {r['rmse']:.4f} | {r['nlpd']:.3f} | {r['train_seconds']:.0f} |")
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-
+    text = "\n".join(lines) + "\n"
+    args.out.with_suffix(".md").write_text(text)
+    return text
 
 if __name__ == "__main__":
     main()
