@@ -382,7 +382,7 @@ def fit_evaluate(
     original units: :math:`\text{RMSE} \cdot \sigma_y` and :math:`\text{NLPD} + \log \sigma_y`.
 
     On the conjugate-gradient path (more than ``max_cholesky_size`` training points) the LOVE
-    variances are checked at :data:`VARIANCE_CHECK_POINTS` test points against the exact ones'
+    variances are checked at ``VARIANCE_CHECK_POINTS`` (16) test points against the exact ones'
     bounds (:func:`variance_bounds`); where they are off, the NLPD is NaN and ``interventions`` say
     why, rather than an NLPD of variances LOVE's rank could not resolve.
 
