@@ -59,23 +59,29 @@ def test_discrete_columns_are_the_few_valued_ones():
     assert regression.discrete_columns(torch.arange(26.0).reshape(-1, 1) % 13) == {}  # 13 levels
 
 
-@pytest.mark.parametrize("name", ["rbf-ard", "gpytorch-rbf-ard", "additive-matern52", "additive-ng", "oak"])
+@pytest.mark.parametrize("name", ["rbf-ard", "gpytorch-rbf-ard", "additive-matern52", "additive-ng", "oak",
+                                  "dpa-matern52"])
 def test_named_kernels_floor_the_lengthscales_of_discrete_inputs(name):
     x = _with_discrete_inputs()
     model, _ = build_model(x, torch.randn(40, dtype=torch.float64), name)
-    owner = next(m for m in model.covar_module.modules() if getattr(m, "has_lengthscale", False)
-                 and m.lengthscale.shape[-1] == 4)
-    start = owner.lengthscale.detach().reshape(-1)
+    if name.startswith("dpa-"):  # the input lengthscales, divided out before projecting
+        owner, attribute = model.covar_module.base_kernel, "input_lengthscale"
+    else:
+        owner = next(m for m in model.covar_module.modules() if getattr(m, "has_lengthscale", False)
+                     and m.lengthscale.shape[-1] == 4)
+        attribute = "lengthscale"
+    start = getattr(owner, attribute).detach().reshape(-1)
     assert start[0] >= 2 * 2.0 / 3 and start[2] >= 2 * 0.5 / 3  # at least twice the floor to start
-    owner.raw_lengthscale.data.fill_(-60.0)  # as far down as training could push them
+    getattr(owner, f"raw_{attribute}").data.fill_(-60.0)  # as far down as training could push them
     floors = torch.tensor([2.0 / 3, 0.0, 0.5 / 3, 0.0], dtype=torch.float64)
-    assert torch.allclose(owner.lengthscale.detach().reshape(-1), floors, atol=1e-12)
-    # A kernel module is used as given; a projected kernel has no per-input lengthscale to bound.
+    assert torch.allclose(getattr(owner, attribute).detach().reshape(-1), floors, atol=1e-12)
+    # A kernel module is used as given; a projected kernel without input lengthscales has none to bound.
     module = make_kernel(name, 4)
     before = module.state_dict()
     model, _ = build_model(x, torch.randn(40, dtype=torch.float64), module)
     assert all(torch.equal(before[k], v.to(before[k])) for k, v in module.state_dict().items() if k in before)
-    assert regression.floor_discrete_lengthscales(make_kernel("dpa-rbf", 4), x) == {}
+    plain = lazykern.ProjectedAdditiveKernel(lazykern.RBFKernel(), num_dims=4, num_projections=3)
+    assert regression.floor_discrete_lengthscales(plain, x) == {}
 
 
 @pytest.mark.parametrize(

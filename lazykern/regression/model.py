@@ -295,8 +295,11 @@ def floor_discrete_lengthscales(kernel: Kernel, train_x: Tensor) -> dict[int, fl
     keeps the model able to treat the values as unrelated and removes only the flat direction.
     The lengthscale starts at twice its floor where :func:`initialize`'s start is below it.
 
-    Applies to kernels with one lengthscale per input (the ARD, additive and interaction kernels);
-    a projected kernel's terms each see a mix of inputs, and nothing is bounded there.
+    Applies to kernels with one lengthscale per input: the ARD, additive and interaction kernels, and
+    the input lengthscales of a projected kernel (:math:`\ell_i`, divided out before projecting onto
+    unit directions: each term's lengthscale along input :math:`i` is :math:`\ell_i / |w_{ij}| \ge
+    \ell_i`, so the floor holds in every term). A projected kernel without input lengthscales has
+    nothing per input to bound.
 
     Args:
         kernel: the covariance module (e.g. from :func:`make_kernel`).
@@ -314,15 +317,19 @@ def floor_discrete_lengthscales(kernel: Kernel, train_x: Tensor) -> dict[int, fl
         [0.3333, 0.0]
     """
     check_floating_matrix("train_x", train_x)
-    _, _, base = _lengthscale_owner(kernel, train_x.shape[-1])
+    inner, _, owner = _lengthscale_owner(kernel, train_x.shape[-1])
+    name = "lengthscale"
+    if isinstance(inner, lazy_kernels.ProjectedAdditiveKernel):
+        owner, name = inner, "input_lengthscale"
     columns = discrete_columns(train_x)
-    lengthscale = base.lengthscale.detach()
-    if not columns or lengthscale.shape[-1] != train_x.shape[-1]:
+    lengthscale = getattr(owner, name)
+    if not columns or lengthscale is None or lengthscale.shape[-1] != train_x.shape[-1]:
         return {}
+    lengthscale = lengthscale.detach()
     floor = torch.zeros_like(lengthscale)
     for column, gap in columns.items():
         floor[..., column] = DISCRETE_FLOOR * gap
-    base.register_constraint("raw_lengthscale", GreaterThan(floor))
-    base.lengthscale = torch.maximum(lengthscale, 2 * floor)
+    owner.register_constraint(f"raw_{name}", GreaterThan(floor))
+    setattr(owner, name, torch.maximum(lengthscale, 2 * floor))
     return {column: DISCRETE_FLOOR * gap for column, gap in columns.items()}
 
