@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -125,7 +126,9 @@ def write(args: argparse.Namespace, meta: dict, max_cholesky: int, records: list
         if "error" in r:
             lines.append(f"{head} | {r['error']} | | |")
         else:
-            lines.append(f"{head} {r['solver']} | {r['rmse']:.4f} | {r['nlpd']:.3f} | {r['train_seconds']:.0f} |")
+            # NaN: fit_evaluate withheld it, LOVE's variances being off (the record's interventions say so)
+            nlpd = "withheld" if math.isnan(r["nlpd"]) else f"{r['nlpd']:.3f}"
+            lines.append(f"{head} {r['solver']} | {r['rmse']:.4f} | {nlpd} | {r['train_seconds']:.0f} |")
     text = "\n".join(lines) + "\n"
     args.out.with_suffix(".md").write_text(text)
     return text
