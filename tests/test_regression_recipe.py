@@ -321,6 +321,8 @@ def test_variance_bounds_bracket_the_exact_predictive_variance():
         assert bool((low <= exact + 1e-12).all() and (exact <= up + 1e-12).all())
     assert bool((tight_upper - tight_lower < 0.01 * exact).all())
     assert model.training and model.train_inputs[0].dtype == x.dtype  # the model was not touched
+    with pytest.raises(ValueError, match="tolerance must be a positive finite number, got 0.0"):
+        regression.variance_bounds(model, likelihood, x[80:], tolerance=0.0)
 
 
 def test_love_variances_a_rank_cannot_resolve_withhold_the_nlpd():

@@ -131,6 +131,7 @@ def variance_bounds(
         True
     """
     check_floating_matrix("x", x)
+    check_positive_number("tolerance", tolerance)
     model, likelihood = copy.deepcopy(model).double().train(), copy.deepcopy(likelihood).double().train()
     train_x, x = model.train_inputs[0], x.to(torch.float64)
     noise = likelihood.noise.detach().squeeze(-1)
