@@ -49,17 +49,16 @@ spec = json.loads(sys.argv[1])
 data = load_uci(spec["dataset"], split=spec["split"], n_train=spec["n_train"], dtype=torch.float32)
 d, J, variant = data.train_x.shape[1], spec["projections"], spec["variant"]
 exact = spec["n_train"] if variant == "ard" else spec["max_cholesky"]
-if variant == "ard":
-    kernel = "rbf-ard"
-elif variant == "recipe":
-    kernel = lazykern.regression.make_kernel("dpa-matern52", d, num_projections=J)
-    lazykern.regression.initialize(kernel, d)
+named = {"ard": "rbf-ard", "recipe": "dpa-matern52"}  # by name: the whole recipe (initialization, floors)
+if variant in named:
+    kernel = named[variant]
 else:
     base = lazykern.MaternKernel(nu=2.5, ard_num_dims=J if variant.endswith("lengthscales") else None)
     kernel = gpytorch.kernels.ScaleKernel(lazykern.ProjectedAdditiveKernel(
         base, d, J, projections="dpa", learn_projections=variant.startswith("learned")))
 result = fit_evaluate(data.train_x, data.train_y, data.test_x, data.test_y, kernel=kernel, progress=False,
-                      analyze=False, max_cholesky_size=exact, y_scale=data.y_std)
+                      analyze=False, max_cholesky_size=exact, y_scale=data.y_std,
+                      num_projections=J if variant == "recipe" else None)
 print("RESULT", json.dumps({"rmse": result.rmse, "nlpd": result.nlpd, "train_seconds": result.train_seconds,
                             "d": d, "J": J, "solver": result.solver, "interventions": result.interventions}))
 """

@@ -189,10 +189,10 @@ class ProjectedAdditiveKernel(WeightedTermsKernel):
             torch.Size([10, 5])
         """
         dtype = torch.promote_types(x.dtype, self.projections.dtype)
-        directions = self.projections.to(dtype)
-        if self.input_lengthscale is not None:
+        directions, lengthscale = self.projections.to(dtype), self.input_lengthscale
+        if lengthscale is not None:
             # Dividing W's rows is dividing x's columns: d x J numbers instead of N x d.
-            directions = directions / self.input_lengthscale.to(dtype).transpose(-1, -2)
+            directions = directions / lengthscale.to(dtype).transpose(-1, -2)
         return x.to(dtype) @ directions
 
 
