@@ -68,7 +68,8 @@ DIVERGED_NLPD = 10.0
 #: setting's own. Records made before ``requested_tolerance`` existed hold the asked tolerance as
 #: ``tolerance``.
 REQUESTED = {"n_train": "requested_n_train", "max_degree": "requested_max_degree", "tolerance": "requested_tolerance"}
-SETTINGS = ("n_train", "split", "seed", "dtype", "iters", "optimizer", "tolerance", "max_degree", "max_cholesky")
+SETTINGS = ("n_train", "split", "seed", "dtype", "iters", "optimizer", "tolerance", "max_degree", "max_cholesky",
+            "warm_start")
 
 
 def machine() -> dict:
@@ -99,9 +100,10 @@ def worker(job: dict) -> dict:
     result = fit_evaluate(data.train_x, data.train_y, data.test_x, data.test_y, kernel=kernel,
                           max_degree=job["max_degree"] if kernel in ("additive-ng", "oak") else None,
                           iters=job["iters"], optimizer=job["optimizer"], tolerance=job["tolerance"],
-                          y_scale=data.y_std, max_cholesky_size=job["max_cholesky"], progress=False)
+                          y_scale=data.y_std, max_cholesky_size=job["max_cholesky"],
+                          warm_start_size=job.get("warm_start"), progress=False)
     record = result.to_dict()
-    record.update({k: job[k] for k in ("dataset", "split", "seed", "optimizer", "max_cholesky", "full")})
+    record.update({k: job.get(k) for k in ("dataset", "split", "seed", "optimizer", "max_cholesky", "warm_start", "full")})
     record["n_train"] = data.n_train
     record["machine"] = machine()
     record["love_checked"] = result.solver == "cg"
@@ -217,6 +219,7 @@ def summarize(records: list[dict], full: bool) -> list[dict]:
                 "failed": [(r["split"], reason(r["error"])) for r in mine if "error" in r],
                 "diverged": [(r["split"], r["rmse"], r["nlpd"]) for r in mine if "error" not in r and diverged(r)],
                 "order_shares": [r["order_shares"] for r in good if r.get("order_shares")],
+                "warm_starts": sorted({r["warm_start_size"] for r in good if r.get("warm_start_size")}),
                 "machines": sorted({_machine(r) for r in mine if "error" not in r}),
             }
         rows.append(row)
@@ -269,6 +272,8 @@ def _fmt(entry: dict | None, field: str, digits: int) -> str:
     if "not_run" in entry:
         return entry["not_run"]
     notes = [f"n={len(entry[field])}"] if 0 < len(entry[field]) < 3 else []
+    if field == "rmse":
+        notes += [f"from an exact fit on {size} points" for size in entry["warm_starts"]]
     column = {"rmse": 1, "nlpd": 2}[field]
     notes += [f"split {d[0]} diverged: {d[column]:.4g}" for d in entry["diverged"]]
     if field == "nlpd" and entry["nlpd_not_shown"]:
@@ -285,8 +290,8 @@ def _fmt(entry: dict | None, field: str, digits: int) -> str:
 def _cost(entry: dict | None, hardware: bool = False) -> str:
     if entry is None or "not_run" in entry:
         return "" if entry is None else "not run"
-    if not entry["seconds"]:
-        return ""
+    if not entry["seconds"]:  # every run failed: say how
+        return "; ".join(f"split {split}: {why}" for split, why in entry["failed"])
     where = f" ({'; '.join(entry['machines'])})" if hardware else ""
     return f"{statistics.mean(entry['seconds']):.0f} s / {max(entry['memory']):.0f} MB{where}"
 
@@ -544,6 +549,8 @@ def main() -> None:
     parser.add_argument("--tolerance", type=float, default=None, help="default: the optimizer's (TOLERANCES)")
     parser.add_argument("--max-degree", type=int, default=None)
     parser.add_argument("--max-cholesky", type=int, default=2000)
+    parser.add_argument("--warm-start", type=int, default=None, metavar="M",
+                        help="on the conjugate-gradient path, start from an exact fit on M training points")
     parser.add_argument("--timeout", type=float, default=6 * 3600, help="seconds per run (default 6 h)")
     parser.add_argument("--force", action="store_true", help="repeat runs already recorded")
     parser.add_argument("--render-only", action="store_true", help="only rewrite the tables from the records")
@@ -576,7 +583,7 @@ def main() -> None:
                 job = {"dataset": dataset, "kernel": kernel, "split": split, "seed": args.seed, "dtype": args.dtype,
                        "n_train": None if args.full else N_TRAIN.get(dataset, args.n_train), "iters": args.iters,
                        "optimizer": args.optimizer, "tolerance": args.tolerance, "max_degree": args.max_degree,
-                       "max_cholesky": args.max_cholesky, "full": args.full}
+                       "max_cholesky": args.max_cholesky, "warm_start": args.warm_start, "full": args.full}
                 probe = {**job, **requested(job)}
                 if key(probe) in done and not args.force:
                     continue

@@ -196,6 +196,9 @@ def test_version_is_the_package_version(capsys):
         (["uci", "pol", "--projections", "4"],
          "--projections applies to --kernel dpa-matern52, dpa-rbf, rpa-matern52, rpa-rbf only, not 'additive-ng'"),
         (["uci", "pol", "--tolerance", "0"], "argument --tolerance: expected a positive number, got '0'"),
+        (["uci", "pol", "--warm-start", "0"], "argument --warm-start: expected an integer >= 1, got '0'"),
+        (["uci", "pol", "--warm-start", "300", "--max-cholesky", "200"],
+         "--warm-start 300 exceeds --max-cholesky 200: the subset's fit is exact; use at most that many points"),
         (["uci", "pol", "--lr", "nan"], "argument --lr: expected a positive number"),
         (["uci", "pol", "--kernel", "gpytorch-rbf-ard", "--plot", "c.png"],
          "--plot needs a kernel with additive components (additive-rbf, additive-matern52, additive-ng, oak), "

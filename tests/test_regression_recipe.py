@@ -12,7 +12,7 @@ from linear_operator.utils.errors import NotPSDError
 import lazykern
 from lazykern import regression, settings
 from lazykern.components import plot_components
-from lazykern.regression import build_model, fit_evaluate, initialize, make_kernel, train
+from lazykern.regression import build_model, fit_evaluate, initialize, make_kernel, train, warm_start
 
 
 def test_kernel_names_and_max_degree():
@@ -236,6 +236,35 @@ def test_a_float64_failure_stops_at_the_best_point(monkeypatch):
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
     with torch.no_grad():
         assert -mll(model(x), y).item() == pytest.approx(best, rel=1e-12)
+
+
+def test_warm_start_takes_the_subsets_exact_fit_and_keeps_the_data():
+    torch.manual_seed(0)
+    x = torch.randn(80, 2); y = torch.sin(2 * x).sum(-1)
+    model, likelihood = build_model(x, y, "rbf-ard")
+    log = warm_start(model, likelihood, 40, iters=30, progress=False, seed=1)
+    rows = torch.randperm(80, generator=torch.Generator().manual_seed(1))[:40]
+    direct, direct_likelihood = build_model(x[rows], y[rows], "rbf-ard")
+    with gpytorch.settings.max_cholesky_size(40):
+        direct_log = train(direct, direct_likelihood, iters=30, progress=False, optimizer="lbfgs")
+    assert log == direct_log and log.float64_from is not None  # refined in float64, as train does
+    for (name, mine), theirs in zip(model.state_dict().items(), direct.state_dict().values()):
+        assert mine.dtype == torch.float32 and torch.equal(mine, theirs.float()), name
+    assert model.train_inputs[0] is x and torch.equal(model.train_targets, y)
+    with pytest.raises(ValueError, match="size must be below the number of training points \\(80\\); got 80"):
+        warm_start(model, likelihood, 80)
+    with pytest.raises(ValueError, match="likelihood must be the model's own"):
+        warm_start(model, gpytorch.likelihoods.GaussianLikelihood(), 40)
+
+
+def test_fit_evaluate_warm_starts_on_the_cg_path_only():
+    x = torch.rand(70, 2, dtype=torch.float64); y = torch.sin(4 * x).sum(-1)
+    args = (x[:60], y[:60], x[60:], y[60:])
+    cg = fit_evaluate(*args, kernel="rbf-ard", iters=3, max_cholesky_size=50, warm_start_size=30, progress=False)
+    exact = fit_evaluate(*args, kernel="rbf-ard", iters=3, max_cholesky_size=60, warm_start_size=30, progress=False)
+    assert (cg.solver, cg.warm_start_size, exact.solver, exact.warm_start_size) == ("cg", 30, "cholesky", None)
+    with pytest.raises(ValueError, match="warm_start_size must be at most max_cholesky_size \\(50\\)"):
+        fit_evaluate(*args, kernel="rbf-ard", max_cholesky_size=50, warm_start_size=51, progress=False)
 
 
 def test_train_rejects_bad_options():

@@ -67,6 +67,9 @@ def check_options(args: argparse.Namespace) -> None:
     if args.projections is not None and args.kernel not in PROJECTED_KERNELS:
         raise UsageError(f"--projections applies to --kernel {', '.join(PROJECTED_KERNELS)} only, "
                          f"not {args.kernel!r}")
+    if args.warm_start is not None and args.warm_start > args.max_cholesky:
+        raise UsageError(f"--warm-start {args.warm_start} exceeds --max-cholesky {args.max_cholesky}: the subset's fit "
+                         "is exact; use at most that many points")
     if args.plot is not None:
         if args.kernel not in COMPONENT_KERNELS:
             raise UsageError(f"--plot needs a kernel with additive components ({', '.join(COMPONENT_KERNELS)}), "

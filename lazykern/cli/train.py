@@ -112,7 +112,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         results.append(fit_evaluate(data.train_x, data.train_y, data.test_x, data.test_y, kernel=kernel,
                                     max_degree=max_degree, num_projections=num_projections, iters=args.iters, lr=args.lr,
                                     optimizer=args.optimizer, tolerance=args.tolerance, y_scale=data.y_std,
-                                    max_cholesky_size=args.max_cholesky, progress=not args.quiet))
+                                    max_cholesky_size=args.max_cholesky, warm_start_size=args.warm_start,
+                                    progress=not args.quiet))
     # The training mean and variance are 0 and 1 in standardized units, by construction.
     rmse, nlpd = gaussian_metrics(torch.zeros_like(data.test_y), torch.ones_like(data.test_y), data.test_y)
     mean_predictor = {"rmse": rmse, "nlpd": nlpd, "rmse_original": rmse * data.y_std,

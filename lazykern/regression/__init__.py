@@ -32,6 +32,11 @@ the exact marginal log likelihood by one recipe for every kernel (:func:`train`)
   improving (``tolerance``, :data:`~lazykern.kernel_names.TOLERANCES`) or after ``iters`` steps, and saying which
   (:class:`TrainingLog`); a float32 model whose L-BFGS converged is refined in float64 until it
   converges again (float32 rounding ends line searches early);
+* **an exact warm start on request** (:func:`warm_start`, ``fit_evaluate(warm_start_size=M)``,
+  ``lazykern uci --warm-start M``): above ``max_cholesky_size`` points, L-BFGS first fits the
+  hyperparameters exactly on a random subset of M points and Adam goes on from there on all of
+  them; it helps where Adam from the recipe's start ends in a poor optimum (the projected kernels
+  on UCI kin40k and protein, ``docs/projected.rst``);
 * **a recipe that steps in instead of failing**: an evaluation whose Cholesky factorization fails
   goes back to the best hyperparameters evaluated so far and continues in float64 (the cause on
   UCI data was float32 rounding), and says so (``interventions``).
@@ -55,7 +60,7 @@ from .evaluation import (
 from .model import DEFAULT_MAX_DEGREE, DISCRETE_FLOOR, DISCRETE_MAX_LEVELS, INITIAL_NOISE, TOP_ORDER_SHARE, \
     ExactGPRegressor, build_model, discrete_columns, floor_discrete_lengthscales, initialize, make_kernel
 from .training import ADAM_PLATEAU_WINDOW, OPTIMIZERS, TOLERANCES, TrainingLog, refines_in_float64, resolve_optimizer, \
-    to_float64, train
+    to_float64, train, warm_start
 
 __all__ = [
     "KERNELS",
@@ -77,6 +82,7 @@ __all__ = [
     "discrete_columns",
     "floor_discrete_lengthscales",
     "train",
+    "warm_start",
     "resolve_optimizer",
     "refines_in_float64",
     "to_float64",

@@ -27,9 +27,9 @@ from torch import Tensor
 from .. import kernels as lazy_kernels
 from ..kernel_names import DEFAULT_KERNEL
 from ..ntk.throughput import synchronize
-from ..validation import check_floating_matrix, check_non_negative_int, check_positive_number
+from ..validation import check_floating_matrix, check_non_negative_int, check_positive_int, check_positive_number
 from .model import build_model
-from .training import NUMERICAL_FAILURES, resolve_optimizer, to_float64, train
+from .training import NUMERICAL_FAILURES, resolve_optimizer, to_float64, train, warm_start
 
 __all__ = [
     "PeakMemory", "RegressionResult", "fit_evaluate", "gaussian_metrics", "hyperparameters", "predict",
@@ -274,6 +274,8 @@ class RegressionResult:
         tolerance: the convergence threshold training used (the optimizer's default unless given).
         max_degree: highest interaction order of the kernel (``None`` for kernels without orders).
         num_projections: number of projections J of a projected kernel (``None`` for the others).
+        warm_start_size: points of the exact fit training started from (:func:`warm_start`), or
+            ``None`` when it started from the recipe's initialization.
         solver: ``"cholesky"`` or ``"cg"`` (conjugate gradients and Lanczos on lazy matvecs).
         rmse, nlpd: test RMSE and mean NLPD in the units of the targets given; the NLPD is NaN where
             LOVE's variances failed the check of the conjugate-gradient path (``interventions`` say so).
@@ -319,6 +321,7 @@ class RegressionResult:
     tolerance: float
     max_degree: int | None
     num_projections: int | None
+    warm_start_size: int | None
     solver: str
     rmse: float
     nlpd: float
@@ -374,6 +377,7 @@ def fit_evaluate(
     tolerance: float | None = None,
     y_scale: float = 1.0,
     max_cholesky_size: int | None = None,
+    warm_start_size: int | None = None,
     analyze: bool = True,
     progress: bool = True,
 ) -> RegressionResult:
@@ -398,6 +402,9 @@ def fit_evaluate(
         max_cholesky_size: solve exactly by Cholesky up to this many training points, by
             conjugate gradients (lazy matvecs) above; ``None`` keeps
             ``gpytorch.settings.max_cholesky_size`` as it is (GPyTorch's default: 800).
+        warm_start_size: on the conjugate-gradient path, first fit the hyperparameters exactly on
+            a random subset of this many training points (:func:`warm_start`, counted in the
+            training time); at most ``max_cholesky_size``. ``None``: train from the recipe's start.
         analyze: for additive and interaction kernels, run
             :func:`lazykern.components.component_analysis` after training (order and dimension
             shares and total effects in the result, the analysis for
@@ -420,15 +427,24 @@ def fit_evaluate(
         raise ValueError(f"test_y must be a tensor of shape ({test_x.shape[0]},)")
     check_positive_number("y_scale", y_scale)
     check_non_negative_int("max_cholesky_size", max_cholesky_size, optional=True)
-    model, likelihood = build_model(train_x, train_y, kernel, max_degree, num_projections)
-    device = train_x.device
+    check_positive_int("warm_start_size", warm_start_size, optional=True)
     if max_cholesky_size is None:
         max_cholesky_size = gpytorch.settings.max_cholesky_size.value()
+    if warm_start_size is not None and warm_start_size > max_cholesky_size:
+        raise ValueError(f"warm_start_size must be at most max_cholesky_size ({max_cholesky_size}): the subset's fit "
+                         f"is exact; got {warm_start_size}")
+    model, likelihood = build_model(train_x, train_y, kernel, max_degree, num_projections)
+    device = train_x.device
     with PeakMemory(device) as peak, gpytorch.settings.max_cholesky_size(max_cholesky_size):
         optimizer_used = resolve_optimizer(optimizer, train_x.shape[0])
         start = time.perf_counter()
+        warmed = warm_start_size is not None and train_x.shape[0] > max_cholesky_size
+        if warmed:
+            warm_log = warm_start(model, likelihood, warm_start_size, iters=iters, progress=progress)
         log = train(model, likelihood, iters=iters, lr=lr, progress=progress, optimizer=optimizer,
                     tolerance=tolerance)
+        if warmed:
+            log.interventions[:0] = [f"warm start ({warm_start_size} points): {note}" for note in warm_log.interventions]
         synchronize(device)
         train_seconds = time.perf_counter() - start
         start = time.perf_counter()
@@ -478,6 +494,7 @@ def fit_evaluate(
         tolerance=log.tolerance,
         max_degree=getattr(inner, "max_degree", None),
         num_projections=getattr(inner, "num_projections", None),
+        warm_start_size=warm_start_size if warmed else None,
         solver="cholesky" if train_x.shape[0] <= max_cholesky_size else "cg",
         rmse=rmse,
         nlpd=nlpd,

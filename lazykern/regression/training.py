@@ -30,7 +30,7 @@ from ..kernel_names import OPTIMIZERS, TOLERANCES
 from ..validation import check_positive_int, check_positive_number
 
 __all__ = ["ADAM_PLATEAU_WINDOW", "NUMERICAL_FAILURES", "OPTIMIZERS", "TOLERANCES", "TrainingLog", "refines_in_float64",
-           "resolve_optimizer", "to_float64", "train"]
+           "resolve_optimizer", "to_float64", "train", "warm_start"]
 
 ADAM_PLATEAU_WINDOW = 30
 """Steps over which Adam's plateau rule (:func:`train`) compares the loss.
@@ -231,6 +231,65 @@ def train(
             to_float64(model)
             best.reset()  # float32's losses read low against float64's: the float64 stage keeps its own best
             log.float64_from = log.iterations
+    return log
+
+
+def warm_start(
+    model: gpytorch.models.ExactGP,
+    likelihood: gpytorch.likelihoods.Likelihood,
+    size: int,
+    iters: int = 200,
+    progress: bool = True,
+    *,
+    seed: int = 0,
+) -> TrainingLog:
+    r"""Fit the hyperparameters exactly on a random subset of ``size`` training points; ``model`` takes them.
+
+    A copy of the model on the subset is trained by :func:`train` with L-BFGS on the exact
+    (Cholesky) likelihood, refined in float64 as :func:`train` does; the model and its likelihood
+    then take its hyperparameters and keep their own training data and dtype. Training on all
+    points (conjugate gradients, Adam) goes on from there, as large exact GPs are trained from a
+    subset's hyperparameters (Wang et al., "Exact Gaussian processes on a million data points",
+    NeurIPS 2019). Adam from the recipe's start can end far from where L-BFGS on the exact
+    likelihood does: UCI split 0, 5,000 training points, ``dpa-matern52`` on the conjugate-gradient
+    path, test RMSE from the recipe's start / from a 1,000-point warm start: kin40k 0.992 / 0.797,
+    protein 1.067 / 0.738, elevators 0.476 / 0.375 (ARD RBF, exact: 0.149, 0.643, 0.380; the
+    measurements in ``docs/projected.rst``).
+
+    Args:
+        model: an exact GP holding its training data (more than ``size`` points).
+        likelihood: its likelihood (``model.likelihood``).
+        size: number of training points of the subset, drawn without replacement.
+        iters: most L-BFGS iterations (see :func:`train`).
+        progress: show :func:`train`'s progress bar.
+        seed: seed of the subset's draw.
+
+    Returns:
+        the subset's :class:`TrainingLog`.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.regression import build_model, warm_start
+        >>> x = torch.randn(300, 2, dtype=torch.float64); y = torch.sin(2 * x).sum(-1)
+        >>> model, likelihood = build_model(x, y, "rbf-ard")
+        >>> log = warm_start(model, likelihood, 100, iters=50, progress=False)
+        >>> log.converged, model.train_inputs[0].shape[0], likelihood.noise.item() < 0.01
+        (True, 300, True)
+    """
+    check_positive_int("size", size)
+    n = model.train_inputs[0].shape[-2]
+    if size >= n:
+        raise ValueError(f"size must be below the number of training points ({n}); got {size}")
+    if likelihood is not model.likelihood:
+        raise ValueError("likelihood must be the model's own (model.likelihood)")
+    generator = torch.Generator().manual_seed(seed)
+    rows = torch.randperm(n, generator=generator)[:size].to(model.train_targets.device)
+    subset = copy.deepcopy(model)
+    subset.set_train_data(tuple(x[..., rows, :] for x in model.train_inputs), model.train_targets[..., rows],
+                          strict=False)
+    with gpytorch.settings.max_cholesky_size(size):
+        log = train(subset, subset.likelihood, iters=iters, progress=progress, optimizer="lbfgs")
+    model.load_state_dict(subset.state_dict())  # copy_ casts float64 refinements back to the model's dtype
     return log
 
 
