@@ -27,7 +27,7 @@ from torch import Tensor
 from .. import kernels as lazy_kernels
 from ..kernel_names import DEFAULT_KERNEL
 from ..ntk.throughput import synchronize
-from ..validation import check_floating_matrix, check_non_negative_int, check_positive_int, check_positive_number
+from ..validation import check_floating_matrix, check_non_negative_int, check_positive_int_at_most, check_positive_number
 from .model import build_model
 from .training import NUMERICAL_FAILURES, resolve_optimizer, to_float64, train, warm_start
 
@@ -427,18 +427,18 @@ def fit_evaluate(
         raise ValueError(f"test_y must be a tensor of shape ({test_x.shape[0]},)")
     check_positive_number("y_scale", y_scale)
     check_non_negative_int("max_cholesky_size", max_cholesky_size, optional=True)
-    check_positive_int("warm_start_size", warm_start_size, optional=True)
     if max_cholesky_size is None:
         max_cholesky_size = gpytorch.settings.max_cholesky_size.value()
-    if warm_start_size is not None and warm_start_size > max_cholesky_size:
-        raise ValueError(f"warm_start_size must be at most max_cholesky_size ({max_cholesky_size}): the subset's fit "
-                         f"is exact; got {warm_start_size}")
+    if warm_start_size is not None:  # the subset's fit is exact
+        check_positive_int_at_most("warm_start_size", warm_start_size, max_cholesky_size,
+                                   f"max_cholesky_size ({max_cholesky_size})")
+    on_cg = train_x.shape[0] > max_cholesky_size
     model, likelihood = build_model(train_x, train_y, kernel, max_degree, num_projections)
     device = train_x.device
     with PeakMemory(device) as peak, gpytorch.settings.max_cholesky_size(max_cholesky_size):
         optimizer_used = resolve_optimizer(optimizer, train_x.shape[0])
         start = time.perf_counter()
-        warmed = warm_start_size is not None and train_x.shape[0] > max_cholesky_size
+        warmed = warm_start_size is not None and on_cg
         if warmed:
             warm_log = warm_start(model, likelihood, warm_start_size, iters=iters, progress=progress)
         log = train(model, likelihood, iters=iters, lr=lr, progress=progress, optimizer=optimizer,
@@ -465,7 +465,7 @@ def fit_evaluate(
         if stalled:
             log.interventions.append(f"CG {stalled} in prediction")
         # LOVE is exact on the Cholesky path; on the CG path its rank may be far too small.
-        off = _love_variances_off(model, likelihood, test_x, variance) if train_x.shape[0] > max_cholesky_size else None
+        off = _love_variances_off(model, likelihood, test_x, variance) if on_cg else None
         synchronize(device)
         predict_seconds = time.perf_counter() - start
     rmse, nlpd = gaussian_metrics(mean, variance, test_y.to(mean))
@@ -495,7 +495,7 @@ def fit_evaluate(
         max_degree=getattr(inner, "max_degree", None),
         num_projections=getattr(inner, "num_projections", None),
         warm_start_size=warm_start_size if warmed else None,
-        solver="cholesky" if train_x.shape[0] <= max_cholesky_size else "cg",
+        solver="cg" if on_cg else "cholesky",
         rmse=rmse,
         nlpd=nlpd,
         rmse_original=rmse * y_scale,
