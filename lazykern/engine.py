@@ -55,8 +55,8 @@ class Engine:
 
     def dense(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor | None:
         """The ``(..., N, M)`` matrix, entries below the normal floating-point range written as zeros;
-        ``None`` where the engine has no dense output (the chooser then builds it with the torch
-        engine's row blocks)."""
+        ``None`` where the engine has no dense output (:func:`lazykern.backend.pairwise_dense` then
+        builds it with another engine)."""
         return None
 
     def fuses_symmetric_gradient(self, formula: Formula) -> bool:

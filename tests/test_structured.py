@@ -309,6 +309,25 @@ def test_auto_picks_the_structured_engine_and_reports_it():
         lazykern.RBFKernel().double()(x) @ torch.ones(300, 1, dtype=F64)
 
 
+def test_the_matrix_of_a_structured_kernel_is_compiled(monkeypatch):
+    """The structured engine has no dense output: the exact (Cholesky) path's matrix and its
+    gradients come from the compiled CPU engine under ``"auto"``, equal to the torch engine's."""
+    x = torch.randn(300, 4, dtype=F64)
+    kernel = gpytorch.kernels.ScaleKernel(lazykern.AdditiveStructureKernel(lazykern.MaternKernel(nu=1.5), num_dims=4))
+    kernel = kernel.double()
+    results, calls = {}, []
+    monkeypatch.setattr(backend.TORCH, "dense", lambda *a, orig=backend.TORCH.dense: calls.append(1) or orig(*a))
+    for engine in ("auto", "torch"):
+        with settings.engine(engine):
+            matrix = kernel(x).to_dense()
+            weights = torch.linspace(-1, 1, 300 * 300, dtype=F64).view(300, 300)
+            grads = torch.autograd.grad((matrix * weights).sum(), list(kernel.parameters()))
+        results[engine] = [matrix.detach(), *grads]
+        assert len(calls) == (engine == "torch")
+    for got, expected in zip(results["auto"], results["torch"]):
+        assert torch.allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
 def _first_order_kernel(batch: torch.Size) -> gpytorch.kernels.Kernel:
     """A first-order Newton-Girard kernel of Matérn 5/2 terms with every hyperparameter away from
     its default (the order variance, 1/D normalized, and the component scales)."""
