@@ -192,6 +192,15 @@ def test_running_out_of_iterations_is_not_convergence(optimizer):
     assert log.evaluations == len(log) >= 3
 
 
+def test_float32_on_the_conjugate_gradient_path_trains_in_float64():
+    x, y = _relevant_two_of(4, 60, 0)
+    model, likelihood = build_model(x.float(), y.float(), "rbf-ard")
+    with settings.engine("torch"), gpytorch.settings.max_cholesky_size(20):
+        log = train(model, likelihood, iters=3, progress=False)
+    assert log.float64_from == 0 and not log.interventions
+    assert model.train_inputs[0].dtype == model.likelihood.noise.dtype == torch.float64
+
+
 def test_a_float32_factorization_that_fails_continues_in_float64_from_the_best_point():
     # Every point twice and a kernel variance of 1e4 over a noise of 1e-4: float32's rounding of K
     # (1e4 * 6e-8) is larger than the noise that makes K + noise * I positive definite, so the
@@ -317,7 +326,9 @@ def test_a_float32_prediction_whose_cg_stalls_is_repeated_in_float64_and_said(mo
     """linear_operator only warns when CG stops short of its tolerance, and in float32 the mean's
     solve can stall far from it (all of UCI pol, additive RBF: test RMSE 5.49 where float64 gives
     0.54). Here the prediction's CG is asked for a residual no solve reaches: both tries stall, and
-    the result says so."""
+    the result says so. Training keeps float32 here, as it does for a model on a GPU (on CPU
+    tensors the conjugate-gradient path trains, and so predicts, in float64)."""
+    monkeypatch.setattr(regression.training, "trains_in_float64", lambda model: False)
     predict = regression.evaluation.predict
 
     def cut_short(*args):

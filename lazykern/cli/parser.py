@@ -140,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "step: between L-BFGS iterations, over Adam's plateau window of 30 steps (default "
                          f"{TOLERANCES['lbfgs']:.0e} for L-BFGS, {TOLERANCES['adam']:.0e} for Adam)")
         sub.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                         help="floating point precision (default float32; L-BFGS then finishes in float64)")
+                         help="floating point precision (default float32; L-BFGS then finishes in float64, and on a CPU "
+                              "conjugate gradients run in float64)")
         sub.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                          help="where to run (default: cuda if available, else cpu)")
         sub.add_argument("--max-cholesky", type=_int_at_least(0), default=CHOLESKY_MAX, metavar="N",

@@ -31,7 +31,9 @@ the exact marginal log likelihood by one recipe for every kernel (:func:`train`)
   a plateau schedule on the stochastic conjugate-gradient path, both stopping when the loss stops
   improving (``tolerance``, :data:`~lazykern.kernel_names.TOLERANCES`) or after ``iters`` steps, and saying which
   (:class:`TrainingLog`); a float32 model whose L-BFGS converged is refined in float64 until it
-  converges again (float32 rounding ends line searches early);
+  converges again (float32 rounding ends line searches early), and a float32 model on CPU tensors
+  trains in float64 on the conjugate-gradient path (:func:`trains_in_float64`: preconditioned CG
+  stalls in float32);
 * **an exact warm start on request** (:func:`warm_start`, ``fit_evaluate(warm_start_size=M)``,
   ``lazykern uci --warm-start M``): above ``max_cholesky_size`` points, L-BFGS first fits the
   hyperparameters exactly on a random subset of M points and Adam goes on from there on all of
@@ -60,7 +62,7 @@ from .evaluation import (
 from .model import DEFAULT_MAX_DEGREE, DISCRETE_FLOOR, DISCRETE_MAX_LEVELS, INITIAL_NOISE, TOP_ORDER_SHARE, \
     ExactGPRegressor, build_model, discrete_columns, floor_discrete_lengthscales, initialize, make_kernel
 from .training import ADAM_PLATEAU_WINDOW, OPTIMIZERS, TOLERANCES, TrainingLog, refines_in_float64, resolve_optimizer, \
-    to_float64, train, warm_start
+    to_float64, train, trains_in_float64, warm_start
 
 __all__ = [
     "KERNELS",
@@ -85,6 +87,7 @@ __all__ = [
     "warm_start",
     "resolve_optimizer",
     "refines_in_float64",
+    "trains_in_float64",
     "to_float64",
     "predict",
     "variance_bounds",
