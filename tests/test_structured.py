@@ -315,12 +315,12 @@ def test_the_matrix_of_a_structured_kernel_is_compiled(monkeypatch):
     x = torch.randn(300, 4, dtype=F64)
     kernel = gpytorch.kernels.ScaleKernel(lazykern.AdditiveStructureKernel(lazykern.MaternKernel(nu=1.5), num_dims=4))
     kernel = kernel.double()
+    weights = torch.linspace(-1, 1, 300 * 300, dtype=F64).view(300, 300)
     results, calls = {}, []
     monkeypatch.setattr(backend.TORCH, "dense", lambda *a, orig=backend.TORCH.dense: calls.append(1) or orig(*a))
     for engine in ("auto", "torch"):
         with settings.engine(engine):
             matrix = kernel(x).to_dense()
-            weights = torch.linspace(-1, 1, 300 * 300, dtype=F64).view(300, 300)
             grads = torch.autograd.grad((matrix * weights).sum(), list(kernel.parameters()))
         results[engine] = [matrix.detach(), *grads]
         assert len(calls) == (engine == "torch")

@@ -109,7 +109,13 @@ def resolve_optimizer(optimizer: str, n_train: int) -> str:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {optimizer!r}")
     if optimizer != "auto":
         return optimizer
-    return "lbfgs" if n_train <= gpytorch.settings.max_cholesky_size.value() else "adam"
+    return "adam" if _on_conjugate_gradients(n_train) else "lbfgs"
+
+
+def _on_conjugate_gradients(n_train: int) -> bool:
+    """Whether GPyTorch computes the likelihood of ``n_train`` points by conjugate gradients
+    rather than Cholesky (more than ``gpytorch.settings.max_cholesky_size``)."""
+    return n_train > gpytorch.settings.max_cholesky_size.value()
 
 
 def train(
@@ -327,8 +333,7 @@ def trains_in_float64(model: gpytorch.models.ExactGP) -> bool:
         True
     """
     x = model.train_inputs[0]
-    return (x.dtype == torch.float32 and x.device.type == "cpu"
-            and x.shape[-2] > gpytorch.settings.max_cholesky_size.value())
+    return x.dtype == torch.float32 and x.device.type == "cpu" and _on_conjugate_gradients(x.shape[-2])
 
 
 def refines_in_float64(dtype: torch.dtype, optimizer: str) -> bool:
