@@ -21,6 +21,7 @@ from linear_operator.operators import DenseLinearOperator
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
+import lazykern
 from lazykern.ntk import NTKFallbackWarning, NTKKernel, NTKPlan, choose_backend, empirical_ntk
 from lazykern.ntk.features import piece_terms
 from lazykern.ntk.terms import Explicit, Implicit, Sparse, terms_numel
@@ -247,6 +248,8 @@ def test_matches_jacobian_contraction(case: str, mode: str) -> None:
         K = empirical_ntk(model, x1, x2, mode=mode, backend="linearized")
         assert_close(K @ rhs, expected @ rhs)
         assert_close(K.mT @ lhs, expected.T @ lhs)
+        with lazykern.settings.chunk_bytes(1):  # one right-hand side (and one sample) at a time
+            assert_close(K @ rhs, expected @ rhs)
     assert_unchanged(model, before)
 
 

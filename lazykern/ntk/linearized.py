@@ -4,8 +4,12 @@ r"""NTK products without features: :math:`\Theta V = J_1 (J_2^\top V)`.
 over right-hand sides), :math:`J_1 p` one Jacobian-vector product over the row samples
 (two reverse passes, batched over right-hand sides), both through the rules' substitutes
 (:func:`~lazykern.ntk.features.substituted`).
-Both run in sample batches, so a product costs :math:`O((N_1 + N_2) P)` time per right-hand side
-and :math:`O(P)` memory per right-hand side beyond one batch. With ``differentiable=True`` both keep
+Both run in sample batches, so a product costs :math:`O((N_1 + N_2) P)` time per right-hand side.
+Each right-hand side holds parameter-sized buffers (the pulled-back tangent, a batch's gradient and
+their sum: :math:`3P` numbers), so the right-hand sides go through in groups whose buffers fit
+:func:`~lazykern.ntk.features.batch_bytes`: memory stays bounded however many columns a solver
+passes (an embedding's table is parameter-sized: at vocabulary 50,000 and width 32, eight
+columns at once held 400 MB). With ``differentiable=True`` both keep
 their graphs, so the product differentiates with respect to the inputs and the network's tensors.
 
 For the trace kernel :math:`\sum_o \Theta_{oo}` each output needs its own product, so the cost is
@@ -17,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .features import Network, call_params, substituted
+from .features import Network, batch_bytes, call_params, substituted
 
 __all__ = ["linearized_matmul"]
 
@@ -93,11 +97,16 @@ def linearized_matmul(
         # cotangent (o, c): v_{jc} on output o only, so that row o of the result is J_o^T v_c
         eye = torch.eye(k, dtype=rhs.dtype, device=rhs.device)
         cot = torch.einsum("jc,op->ocjp", rhs, eye).reshape(k * c, n2, k)
+    per_rhs = 3 * sum(call[n].numel() for n in net.trainable) * rhs.element_size()
+    step = max(1, batch_bytes() // per_rhs)
+    blocks = []
     with substituted(net) as forward:
-        tangents = _pullback(forward, net, call, x2, cot, differentiable)
-        if not differentiable:
-            tangents = {n: t.detach() for n, t in tangents.items()}
-        out = _pushforward(forward, net, call, x1, tangents, differentiable)  # (R, N1, k)
+        for start in range(0, cot.shape[0], step):
+            tangents = _pullback(forward, net, call, x2, cot[start : start + step], differentiable)
+            if not differentiable:
+                tangents = {n: t.detach() for n, t in tangents.items()}
+            blocks.append(_pushforward(forward, net, call, x1, tangents, differentiable))  # (R, N1, k)
+    out = torch.cat(blocks)
     if not differentiable:
         out = out.detach()
     if mode == "full":
