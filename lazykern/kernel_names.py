@@ -19,6 +19,7 @@ KERNELS: tuple[str, ...] = (
     "oak",
     "dpa-matern52",
     "dpa-rbf",
+    "dpa-matern52-learned",
     "rpa-matern52",
     "rpa-rbf",
     "rbf-ard",
@@ -38,9 +39,10 @@ and GPyTorch's own :class:`gpytorch.kernels.RBFKernel`."""
 INTERACTION_KERNELS: tuple[str, ...] = ("additive-ng", "oak")
 """The kernels with interaction orders 1..R, the ones that take a ``max_degree`` (``--max-degree``)."""
 
-PROJECTED_KERNELS: tuple[str, ...] = ("dpa-matern52", "dpa-rbf", "rpa-matern52", "rpa-rbf")
+PROJECTED_KERNELS: tuple[str, ...] = ("dpa-matern52", "dpa-rbf", "dpa-matern52-learned", "rpa-matern52", "rpa-rbf")
 """Sums of one-dimensional kernels on J projections of the inputs (:class:`lazykern.kernels.ProjectedAdditiveKernel`),
-diverse (``dpa-``) or random (``rpa-``) directions; the ones that take a ``num_projections`` (``--projections``)."""
+diverse (``dpa-``) or random (``rpa-``) directions, fixed or (``-learned``) trained; the ones that take a
+``num_projections`` (``--projections``)."""
 
 COMPONENT_KERNELS: tuple[str, ...] = ("additive-rbf", "additive-matern52", *INTERACTION_KERNELS)
 """The kernels made of additive components, for which a trained model's order and dimension shares

@@ -36,12 +36,26 @@ def test_projected_kernel_names_and_num_projections():
     assert isinstance(kernel.base_kernel, lazykern.ProjectedAdditiveKernel)
     assert kernel.base_kernel.projections.shape == (5, lazykern.kernel_names.default_num_projections(5)) == (5, 10)
     assert make_kernel("dpa-matern52", 5, num_projections=3).base_kernel.projections.shape == (5, 3)
-    with pytest.raises(ValueError, match="num_projections applies to the dpa-matern52, dpa-rbf, rpa-matern52, rpa-rbf"):
+    with pytest.raises(ValueError, match="num_projections applies to the dpa-matern52, dpa-rbf, dpa-matern52-learned, rpa-matern52, rpa-rbf"):
         make_kernel("oak", 5, num_projections=3)
     with pytest.raises(ValueError, match="num_projections must be a positive int or None, got 0"):
         make_kernel("dpa-rbf", 5, num_projections=0)
     with pytest.raises(ValueError, match="num_projections applies to kernels given by name"):
         build_model(torch.randn(5, 2), torch.randn(5), make_kernel("rbf-ard", 2), num_projections=2)
+
+
+def test_learned_directions_by_name_train_the_directions_in_place_of_lengthscales():
+    x = torch.randn(30, 4, dtype=torch.float64)
+    model, likelihood = build_model(x, torch.sin(x.sum(-1)), "dpa-matern52-learned", num_projections=6)
+    projected = model.covar_module.base_kernel
+    fixed = make_kernel("dpa-matern52", 4, num_projections=6).base_kernel
+    assert isinstance(projected.projections, torch.nn.Parameter) and projected.projections.requires_grad
+    assert torch.equal(projected.projections.detach(), fixed.projections.to(torch.float64))  # DPA's, to start
+    assert not projected.base_kernel.raw_lengthscale.requires_grad  # the directions' lengths are the lengthscales
+    assert projected.input_lengthscale is None
+    before = projected.projections.detach().clone()
+    train(model, likelihood, iters=3, progress=False)
+    assert not torch.equal(projected.projections.detach(), before)
 
 
 def _with_discrete_inputs(n=40):

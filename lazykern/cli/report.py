@@ -100,14 +100,15 @@ def results_text(record: dict[str, Any]) -> str:
 def comparison_text(record: dict[str, Any]) -> str:
     """The results next to what a user would otherwise get on the same split, as a small table."""
     names = {"gpytorch-rbf-ard": "gpytorch-rbf-ard (GPyTorch)", record["kernel"]: f"{record['kernel']} (this run)"}
+    width = max(30, *(len(name) + 2 for name in names.values()))
     lines = [
         "same split, test metrics in standardized units (lower is better):",
-        f"  {'model':<30}{'RMSE':>8}{'NLPD':>9}{'train':>9}",
-        f"  {'mean predictor':<30}{record['mean_predictor']['rmse']:>8.4f}"
+        f"  {'model':<{width}}{'RMSE':>8}{'NLPD':>9}{'train':>9}",
+        f"  {'mean predictor':<{width}}{record['mean_predictor']['rmse']:>8.4f}"
         f"{record['mean_predictor']['nlpd']:>9.4f}{'-':>9}",
     ]
     for r in [record, *record.get("compare", [])]:
-        lines.append(f"  {names.get(r['kernel'], r['kernel']):<30}{r['rmse']:>8.4f}{r['nlpd']:>9.4f}"
+        lines.append(f"  {names.get(r['kernel'], r['kernel']):<{width}}{r['rmse']:>8.4f}{r['nlpd']:>9.4f}"
                      f"{r['train_seconds']:>8.1f}s")
     lines.append("  (mean predictor: the training mean and variance, RMSE 1 by construction up to sampling)")
     for r in [record, *record.get("compare", [])]:

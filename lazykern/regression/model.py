@@ -64,6 +64,9 @@ def make_kernel(name: str, num_dims: int, max_degree: int | None = None, num_pro
       dimension, :math:`\Lambda = \operatorname{diag}(\ell)` (``input_lengthscales=True``; the base
       kernel's lengthscale stays at 1, as it would only scale every :math:`\ell_i` alike)
       (:class:`lazykern.kernels.ProjectedAdditiveKernel`);
+    * ``dpa-matern52-learned``: :math:`s \sum_j w_j\, k(u_j^\top x, u_j^\top x')` with the directions
+      :math:`u_j` learned from DPA's (``learn_projections=True``); their lengths take the place of
+      the lengthscales, so there are no input lengthscales and the base lengthscale stays at 1;
     * ``rbf-ard`` / ``matern52-ard``: lazykern's full-dimensional ARD kernels
       (:class:`lazykern.kernels.RBFKernel`, :class:`lazykern.kernels.MaternKernel`);
     * ``gpytorch-rbf-ard``: GPyTorch's own :class:`gpytorch.kernels.RBFKernel`, the baseline.
@@ -113,12 +116,12 @@ def make_kernel(name: str, num_dims: int, max_degree: int | None = None, num_pro
             lazy_kernels.MaternKernel(nu=2.5, ard_num_dims=num_dims), num_dims=num_dims, component_scales=True
         )
     elif name in PROJECTED_KERNELS:
-        construction, family = name.split("-")
+        construction, family, *learned = name.split("-")
         one_dimensional = lazy_kernels.RBFKernel() if family == "rbf" else lazy_kernels.MaternKernel(nu=2.5)
         one_dimensional.raw_lengthscale.requires_grad_(False)
         count = default_num_projections(num_dims) if num_projections is None else num_projections
         base = lazy_kernels.ProjectedAdditiveKernel(one_dimensional, num_dims, count, projections=construction,
-                                                    input_lengthscales=True)
+                                                    learn_projections=bool(learned), input_lengthscales=not learned)
     elif name == "rbf-ard":
         base = lazy_kernels.RBFKernel(ard_num_dims=num_dims)
     elif name == "matern52-ard":
