@@ -116,12 +116,13 @@ def make_kernel(name: str, num_dims: int, max_degree: int | None = None, num_pro
             lazy_kernels.MaternKernel(nu=2.5, ard_num_dims=num_dims), num_dims=num_dims, component_scales=True
         )
     elif name in PROJECTED_KERNELS:
-        construction, family, *learned = name.split("-")
+        learned = name.endswith("-learned")
+        construction, family = name.removesuffix("-learned").split("-")
         one_dimensional = lazy_kernels.RBFKernel() if family == "rbf" else lazy_kernels.MaternKernel(nu=2.5)
         one_dimensional.raw_lengthscale.requires_grad_(False)
         count = default_num_projections(num_dims) if num_projections is None else num_projections
         base = lazy_kernels.ProjectedAdditiveKernel(one_dimensional, num_dims, count, projections=construction,
-                                                    learn_projections=bool(learned), input_lengthscales=not learned)
+                                                    learn_projections=learned, input_lengthscales=not learned)
     elif name == "rbf-ard":
         base = lazy_kernels.RBFKernel(ard_num_dims=num_dims)
     elif name == "matern52-ard":
