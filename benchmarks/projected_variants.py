@@ -2,7 +2,8 @@
 
 Each run trains with :func:`lazykern.regression.fit_evaluate` (the recipe of ``lazykern uci``) in a fresh
 process, one thread, on the same random training subset (``--n-train`` points of each split of ``--splits``,
-seed 0, float32; exact Cholesky up to ``--max-cholesky`` points, else conjugate gradients with Adam):
+seed 0, float32; exact Cholesky up to ``--max-cholesky`` points, else conjugate gradients with Adam, whose
+stochastic estimates are seeded with 0 too):
 
 * ``recipe``: the named ``dpa-matern52`` kernel (:func:`lazykern.regression.make_kernel`): diverse fixed
   directions, one learned lengthscale per input dimension divided out before projecting;
@@ -49,6 +50,7 @@ from lazykern.kernels.projected import diverse_directions
 from lazykern.regression import build_model, fit_evaluate, warm_start
 
 spec = json.loads(sys.argv[1])
+torch.manual_seed(0)  # the conjugate-gradient path's training draws probe vectors (as `lazykern uci --seed 0`)
 data = load_uci(spec["dataset"], split=spec["split"], n_train=spec["n_train"], dtype=torch.float32)
 d, J, variant = data.train_x.shape[1], spec["projections"], spec["variant"]
 exact = spec["n_train"] if variant == "ard" else spec["max_cholesky"]
