@@ -60,7 +60,7 @@ if variant == "learned-ard":
     ard, ard_likelihood = build_model(data.train_x, data.train_y, "rbf-ard")
     warm_start(ard, ard_likelihood, 1000, progress=False)
     lengthscales = ard.covar_module.base_kernel.lengthscale.detach().reshape(d, 1)
-    directions = diverse_directions(d, J, 0) / lengthscales.to(torch.float32)
+    directions = diverse_directions(d, J, 0) / lengthscales
 start_seconds = time.perf_counter() - started
 if variant in named:
     kernel = named[variant]
