@@ -70,11 +70,13 @@ else:
         base, d, J, projections=directions, learn_projections=variant.startswith("learned")))
 result = fit_evaluate(data.train_x, data.train_y, data.test_x, data.test_y, kernel=kernel, progress=False,
                       analyze=False, max_cholesky_size=exact, y_scale=data.y_std,
-                      num_projections=J if variant == "recipe" else None,
+                      num_projections=J if variant == "recipe" else None, iters=spec["iters"],
                       warm_start_size=None if variant == "ard" else spec["warm_start"])
 print("RESULT", json.dumps({"rmse": result.rmse, "nlpd": result.nlpd,
                             "train_seconds": start_seconds + result.train_seconds,
-                            "d": d, "J": J, "solver": result.solver, "interventions": result.interventions}))
+                            "d": d, "J": J, "solver": result.solver, "interventions": result.interventions,
+                            "iterations": result.iterations, "converged": result.converged,
+                            "stop_reason": result.stop_reason, "final_loss": result.final_loss}))
 """
 
 
@@ -99,6 +101,7 @@ def main() -> None:
                         help="projected kernels: exact up to this many points (default: n_train)")
     parser.add_argument("--warm-start", type=int, default=None, metavar="M",
                         help="projected kernels on the conjugate-gradient path: start from an exact fit on M points")
+    parser.add_argument("--iters", type=int, default=200, help="most optimizer iterations (the recipe's: 200)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each")
     parser.add_argument("--out", type=Path, default=RESULTS / "projected-variants")
@@ -111,7 +114,7 @@ def main() -> None:
 
     max_cholesky = args.n_train if args.max_cholesky is None else args.max_cholesky
     specs = [{"dataset": ds, "split": split, "n_train": args.n_train, "projections": projections(ds),
-              "max_cholesky": max_cholesky, "warm_start": args.warm_start, "variant": v}
+              "max_cholesky": max_cholesky, "warm_start": args.warm_start, "iters": args.iters, "variant": v}
              for ds in args.datasets for split in args.splits for v in args.variants]
     from lazykern.cache_paths import cpu_model
 
@@ -136,16 +139,17 @@ def write(args: argparse.Namespace, meta: dict, max_cholesky: int, records: list
              f"{max_cholesky} points for the projected kernels, always for ARD (the recipe of `lazykern uci`)"
              + (f"; above it the projected kernels start from an exact fit on {args.warm_start} of the points."
                 if args.warm_start else "."), "",
-             "| dataset | split | variant | J | solver | test RMSE | test NLPD | training (s) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| dataset | split | variant | J | solver | test RMSE | test NLPD | training (s) | iterations |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         head = f"| {r['dataset']} | {r['split']} | {r['variant']} | {r['projections']} |"
         if "error" in r:
-            lines.append(f"{head} | {r['error']} | | |")
+            lines.append(f"{head} | {r['error']} | | | |")
         else:
             # NaN: fit_evaluate withheld it, LOVE's variances being off (the record's interventions say so)
             nlpd = "withheld" if math.isnan(r["nlpd"]) else f"{r['nlpd']:.3f}"
-            lines.append(f"{head} {r['solver']} | {r['rmse']:.4f} | {nlpd} | {r['train_seconds']:.0f} |")
+            lines.append(f"{head} {r['solver']} | {r['rmse']:.4f} | {nlpd} | {r['train_seconds']:.0f} | "
+                         f"{r['iterations']} ({r['stop_reason']}) |")
     text = "\n".join(lines) + "\n"
     args.out.with_suffix(".md").write_text(text)
     return text
