@@ -13,7 +13,8 @@ stochastic estimates are seeded with 0 too):
 * ``learned``: directions trained with the other hyperparameters (``learn_projections=True``), from DPA's;
 * ``learned-lengthscales``: both;
 * ``learned-ard``: learned directions starting from DPA's divided by ARD RBF's lengthscales, fitted
-  exactly on 1,000 of the points (:func:`lazykern.regression.warm_start`; its time is in the training time);
+  exactly on 1,000 of the points (:func:`lazykern.regression.ard_scaled_directions`; its time is in the
+  training time);
 * ``ard``: the recipe's ``rbf-ard``, the reference, always exact (Cholesky).
 
 Usage::
@@ -46,8 +47,7 @@ CHILD = r"""
 import json, sys, time
 import gpytorch, torch, lazykern
 from lazykern.data import load_uci
-from lazykern.kernels.projected import diverse_directions
-from lazykern.regression import build_model, fit_evaluate, warm_start
+from lazykern.regression import ard_scaled_directions, fit_evaluate
 
 spec = json.loads(sys.argv[1])
 torch.manual_seed(0)  # the conjugate-gradient path's training draws probe vectors (as `lazykern uci --seed 0`)
@@ -57,10 +57,7 @@ exact = spec["n_train"] if variant == "ard" else spec["max_cholesky"]
 named = {"ard": "rbf-ard", "recipe": "dpa-matern52"}  # by name: the whole recipe (initialization, floors)
 started, directions = time.perf_counter(), "dpa"
 if variant == "learned-ard":
-    ard, ard_likelihood = build_model(data.train_x, data.train_y, "rbf-ard")
-    warm_start(ard, ard_likelihood, 1000, progress=False)
-    lengthscales = ard.covar_module.base_kernel.lengthscale.detach().reshape(d, 1)
-    directions = diverse_directions(d, J, 0) / lengthscales
+    directions = ard_scaled_directions(data.train_x, data.train_y, J, 1000, progress=False)
 start_seconds = time.perf_counter() - started
 if variant in named:
     kernel = named[variant]

@@ -12,6 +12,7 @@ from linear_operator.utils.errors import NotPSDError
 import lazykern
 from lazykern import regression, settings
 from lazykern.components import plot_components
+from lazykern.kernels.projected import diverse_directions
 from lazykern.regression import build_model, fit_evaluate, initialize, make_kernel, train, warm_start
 
 
@@ -278,6 +279,28 @@ def test_warm_start_takes_the_subsets_exact_fit_and_keeps_the_data():
         warm_start(model, likelihood, 80)
     with pytest.raises(ValueError, match="likelihood must be the model's own"):
         warm_start(model, gpytorch.likelihoods.GaussianLikelihood(), 40)
+
+
+def test_ard_scaled_directions_divide_diverse_ones_by_the_subsets_ard_lengthscales():
+    torch.manual_seed(0)
+    x = torch.randn(120, 3, dtype=torch.float64)
+    y = torch.sin(2 * x[:, 0]) + 0.3 * x[:, 1]
+    W = regression.ard_scaled_directions(x, y, 5, size=60, iters=30, progress=False, seed=2)
+    model, likelihood = build_model(x, y, "rbf-ard")
+    warm_start(model, likelihood, 60, iters=30, progress=False, seed=2)
+    lengthscales = model.covar_module.base_kernel.lengthscale.detach().reshape(3, 1)
+    expected = diverse_directions(3, 5, 2) / lengthscales
+    assert W.dtype == torch.float64 and W.shape == (3, 5)
+    torch.testing.assert_close(W, expected, rtol=1e-12, atol=0)
+    # no more points than the subset's size: the fit is on all of them
+    every = regression.ard_scaled_directions(x[:50], y[:50], 5, size=60, iters=30, progress=False)
+    model, likelihood = build_model(x[:50], y[:50], "rbf-ard")
+    train(model, likelihood, 30, progress=False, optimizer="lbfgs")
+    lengthscales = model.covar_module.base_kernel.lengthscale.detach().reshape(3, 1)
+    torch.testing.assert_close(every, diverse_directions(3, 5, 0) / lengthscales, rtol=1e-12, atol=0)
+    for bad in (0, 2.5):
+        with pytest.raises(ValueError, match="num_projections must be a positive int"):
+            regression.ard_scaled_directions(x, y, bad, progress=False)
 
 
 def test_fit_evaluate_warm_starts_on_the_cg_path_only():

@@ -61,8 +61,8 @@ from .evaluation import (
 )
 from .model import DEFAULT_MAX_DEGREE, DISCRETE_FLOOR, DISCRETE_MAX_LEVELS, INITIAL_NOISE, TOP_ORDER_SHARE, \
     ExactGPRegressor, build_model, discrete_columns, floor_discrete_lengthscales, initialize, make_kernel
-from .training import ADAM_PLATEAU_WINDOW, OPTIMIZERS, TOLERANCES, TrainingLog, refines_in_float64, resolve_optimizer, \
-    to_float64, train, trains_in_float64, warm_start
+from .training import ADAM_PLATEAU_WINDOW, OPTIMIZERS, TOLERANCES, TrainingLog, ard_scaled_directions, \
+    refines_in_float64, resolve_optimizer, to_float64, train, trains_in_float64, warm_start
 
 __all__ = [
     "KERNELS",
@@ -85,6 +85,7 @@ __all__ = [
     "floor_discrete_lengthscales",
     "train",
     "warm_start",
+    "ard_scaled_directions",
     "resolve_optimizer",
     "refines_in_float64",
     "trains_in_float64",

@@ -27,10 +27,12 @@ from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 
 from ..kernel_names import OPTIMIZERS, TOLERANCES
+from ..kernels.projected import diverse_directions
 from ..validation import check_positive_int, check_positive_number
+from .model import build_model
 
-__all__ = ["ADAM_PLATEAU_WINDOW", "NUMERICAL_FAILURES", "OPTIMIZERS", "TOLERANCES", "TrainingLog", "refines_in_float64",
-           "resolve_optimizer", "to_float64", "train", "trains_in_float64", "warm_start"]
+__all__ = ["ADAM_PLATEAU_WINDOW", "NUMERICAL_FAILURES", "OPTIMIZERS", "TOLERANCES", "TrainingLog", "ard_scaled_directions",
+           "refines_in_float64", "resolve_optimizer", "to_float64", "train", "trains_in_float64", "warm_start"]
 
 ADAM_PLATEAU_WINDOW = 30
 """Steps over which Adam's plateau rule (:func:`train`) compares the loss.
@@ -302,6 +304,63 @@ def warm_start(
         log = train(subset, subset.likelihood, iters=iters, progress=progress, optimizer="lbfgs")
     model.load_state_dict(subset.state_dict())  # copy_ casts float64 refinements back to the model's dtype
     return log
+
+
+def ard_scaled_directions(
+    train_x: Tensor,
+    train_y: Tensor,
+    num_projections: int,
+    size: int = 1000,
+    iters: int = 200,
+    progress: bool = True,
+    *,
+    seed: int = 0,
+) -> Tensor:
+    r"""Diverse directions divided by the lengthscales ARD RBF fits exactly: :math:`w_j = \Lambda^{-1}
+    u_j`, :math:`\Lambda = \operatorname{diag}(\ell)`, a ``(d, num_projections)`` tensor to start
+    learned directions from (``ProjectedAdditiveKernel(..., projections=W, learn_projections=True)``).
+
+    :math:`u_j` are :func:`~lazykern.kernels.projected.diverse_directions` (``seed``) and
+    :math:`\ell` the lengthscales of the named ``rbf-ard`` kernel trained by :func:`train` (L-BFGS,
+    Cholesky) on a random subset of ``size`` points (:func:`warm_start`, ``seed``), or on all of
+    them where there are no more. Each projection then starts as :math:`u_j^	op \Lambda^{-1} x`,
+    the recipe's input lengthscales at ARD's values. On UCI pol (split 0, 5,000 points, Matérn-5/2
+    base, learned on all points) from DPA's directions / from these: test RMSE 0.202 / 0.122 with
+    52 projections, 0.0936 with 208 against ARD RBF's 0.097; on protein at 1,200 points (18
+    projections) 0.884 / 0.929, both overfitting (``docs/projected.rst``).
+
+    Args:
+        train_x: ``(n, d)`` training inputs.
+        train_y: ``(n,)`` training targets.
+        num_projections: number of directions J.
+        size: points of ARD's exact fit.
+        iters: most L-BFGS iterations of that fit.
+        progress: show :func:`train`'s progress bar.
+        seed: seed of the subset's draw and of the directions.
+
+    Returns:
+        a ``(d, num_projections)`` tensor in ``train_x``'s dtype and on its device.
+
+    Example:
+        >>> import torch
+        >>> from lazykern import ProjectedAdditiveKernel, MaternKernel
+        >>> from lazykern.regression import ard_scaled_directions
+        >>> x = torch.randn(300, 3, dtype=torch.float64); y = torch.sin(3 * x[:, 0]) + 0.1 * x[:, 1]
+        >>> W = ard_scaled_directions(x, y, 6, size=100, iters=50, progress=False)
+        >>> kernel = ProjectedAdditiveKernel(MaternKernel(nu=2.5), 3, 6, projections=W, learn_projections=True)
+        >>> W.shape, bool(W[0].norm() > W[2].norm())   # y does not depend on x_2: a long lengthscale
+        (torch.Size([3, 6]), True)
+    """
+    check_positive_int("num_projections", num_projections)
+    check_positive_int("size", size)
+    model, likelihood = build_model(train_x, train_y, "rbf-ard")
+    if size < train_x.shape[0]:
+        warm_start(model, likelihood, size, iters, progress, seed=seed)
+    else:
+        with gpytorch.settings.max_cholesky_size(train_x.shape[0]):
+            train(model, likelihood, iters, progress=progress, optimizer="lbfgs")
+    lengthscales = model.covar_module.base_kernel.lengthscale.detach().reshape(-1, 1)
+    return (diverse_directions(train_x.shape[1], num_projections, seed) / lengthscales).to(train_x)
 
 
 def trains_in_float64(model: gpytorch.models.ExactGP) -> bool:
