@@ -32,7 +32,8 @@ from ..validation import check_positive_int, check_positive_number
 from .model import build_model
 
 __all__ = ["ADAM_PLATEAU_WINDOW", "NUMERICAL_FAILURES", "OPTIMIZERS", "TOLERANCES", "TrainingLog",
-           "ard_scaled_directions", "refines_in_float64", "resolve_optimizer", "to_float64", "train", "trains_in_float64", "warm_start"]
+           "ard_scaled_directions", "refines_in_float64", "resolve_optimizer", "to_float64", "train", "trains_in_float64",
+           "warm_start"]
 
 ADAM_PLATEAU_WINDOW = 30
 """Steps over which Adam's plateau rule (:func:`train`) compares the loss.
