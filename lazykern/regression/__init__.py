@@ -27,7 +27,8 @@ the exact marginal log likelihood by one recipe for every kernel (:func:`train`)
   the smallest gap between their values (:func:`floor_discrete_lengthscales`): below it the
   likelihood is flat, and OAK's lengthscales on UCI bike's binary inputs drifted towards 0;
 * **an optimizer that stops when converged**: L-BFGS with a strong-Wolfe line search while the
-  likelihood is exact (Cholesky, up to ``gpytorch.settings.max_cholesky_size`` points), Adam with
+  likelihood is exact (Cholesky, up to ``gpytorch.settings.max_cholesky_size`` points; its gradient
+  from one inverse of the factor, :class:`ExactMLL`), Adam with
   a plateau schedule on the stochastic conjugate-gradient path, both stopping when the loss stops
   improving (``tolerance``, :data:`~lazykern.kernel_names.TOLERANCES`) or after ``iters`` steps, and saying which
   (:class:`TrainingLog`); a float32 model whose L-BFGS converged is refined in float64 until it
@@ -59,6 +60,7 @@ from ..kernel_names import DEFAULT_KERNEL, KERNELS
 from .evaluation import (
     PeakMemory, RegressionResult, fit_evaluate, gaussian_metrics, hyperparameters, predict, variance_bounds,
 )
+from .likelihood import ExactMLL
 from .model import DEFAULT_MAX_DEGREE, DISCRETE_FLOOR, DISCRETE_MAX_LEVELS, INITIAL_NOISE, TOP_ORDER_SHARE, \
     ExactGPRegressor, build_model, discrete_columns, floor_discrete_lengthscales, initialize, make_kernel
 from .training import ADAM_PLATEAU_WINDOW, OPTIMIZERS, TOLERANCES, TrainingLog, ard_scaled_directions, \
@@ -78,6 +80,7 @@ __all__ = [
     "ExactGPRegressor",
     "RegressionResult",
     "TrainingLog",
+    "ExactMLL",
     "make_kernel",
     "build_model",
     "initialize",

@@ -1,7 +1,8 @@
 r"""Training: one recipe for every kernel, that says how it ended and steps in where the numbers fail.
 
 The loss is :math:`-\frac1n \log p(y \mid X, \theta)`, GPyTorch's
-:class:`~gpytorch.mlls.ExactMarginalLogLikelihood`: exactly by Cholesky up to
+:class:`~gpytorch.mlls.ExactMarginalLogLikelihood` with the cheaper gradient of
+:class:`~lazykern.regression.ExactMLL`: exactly by Cholesky up to
 ``gpytorch.settings.max_cholesky_size`` training points, above by conjugate gradients and stochastic
 Lanczos quadrature on lazy matvecs. :func:`train` returns a :class:`TrainingLog`: the loss of every
 evaluation (a list, as it always was) with whether training converged, why it stopped, how many
@@ -29,6 +30,7 @@ from torch import Tensor
 from ..kernel_names import OPTIMIZERS, TOLERANCES
 from ..kernels.projected import diverse_directions
 from ..validation import check_positive_int, check_positive_number
+from .likelihood import ExactMLL
 from .model import build_model
 
 __all__ = ["ADAM_PLATEAU_WINDOW", "NUMERICAL_FAILURES", "OPTIMIZERS", "TOLERANCES", "TrainingLog",
@@ -195,7 +197,7 @@ def train(
     tolerance = TOLERANCES[optimizer] if tolerance is None else tolerance
     model.train()
     likelihood.train()
-    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    mll = ExactMLL(likelihood, model)
     log = TrainingLog(tolerance=tolerance)
     if trains_in_float64(model):
         to_float64(model)
