@@ -94,3 +94,22 @@ def test_a_matrix_that_is_not_positive_definite_raises_gpytorchs_error(mll_class
     model.train()
     with pytest.raises(NotPSDError):
         mll_class(likelihood, model)(model(x), model.train_targets)
+
+
+def test_botorch_fits_a_model_through_it_to_gpytorchs_optimum():
+    from botorch.fit import fit_gpytorch_mll
+    from botorch.models import SingleTaskGP
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.rand(30, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(6 * x).sum(-1, keepdim=True)
+    losses = []
+    for mll_class in (ExactMLL, gpytorch.mlls.ExactMarginalLogLikelihood):
+        kernel = gpytorch.kernels.ScaleKernel(lazykern.MaternKernel(nu=2.5, ard_num_dims=2))
+        model = SingleTaskGP(x, y, covar_module=kernel)
+        fit_gpytorch_mll(mll_class(model.likelihood, model))
+        model.train()
+        with torch.no_grad():
+            losses.append(-gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)(
+                model(*model.train_inputs), model.train_targets))
+    assert losses[0].item() == pytest.approx(losses[1].item(), abs=1e-6)
