@@ -619,6 +619,21 @@ def test_no_flush_to_zero_after_loading_or_running():
         assert bool(((tiny * 1.0) != 0).all())
 
 
+@pytest.mark.parametrize("dtype, lowest", [(torch.float32, -87.0), (torch.float64, -708.0)])
+def test_exp_below_the_normal_range_is_zero_and_above_it_exact(dtype, lowest):
+    """exp's argument is clamped before the call (glibc's vector exp takes a scalar path for a vector
+    with any lane out of its range) and the result is 0 below it: what flush-to-zero makes of it."""
+    x = torch.zeros(1, D, dtype=dtype)
+    z = torch.zeros(400, D, dtype=dtype)
+    z[:, 0] = torch.linspace(math.sqrt(-2 * (lowest + 40)), math.sqrt(-2 * (lowest - 40)), 400, dtype=dtype)
+    exponent = -0.5 * z[:, 0].double() ** 2
+    values = cpu.dense(StationaryFormula("rbf"), x, z, {})[0].double()
+    kept = exponent > lowest + 1e-3
+    torch.testing.assert_close(values[kept], exponent[kept].exp(), rtol=1e-5 if dtype == torch.float32 else 1e-14,
+                               atol=0)
+    assert bool((values[exponent < lowest - 1e-3] == 0).all()) and kept.any() and not kept.all()
+
+
 CHILD = """
 import json, torch
 from lazykern import cpu
