@@ -67,6 +67,17 @@ def test_the_closed_form_gradient_passes_gradcheck():
                                     (covariance, residual))
 
 
+def test_second_derivatives_equal_gpytorchs():
+    model, likelihood, x, y = _model()
+    raw_noise = likelihood.noise_covar.raw_noise
+    second = []
+    for mll_class in (ExactMLL, gpytorch.mlls.ExactMarginalLogLikelihood):
+        loss = -mll_class(likelihood, model)(model(x), y).sum()
+        (grad,) = torch.autograd.grad(loss, raw_noise, create_graph=True)
+        second.append(torch.autograd.grad(grad.sum(), raw_noise)[0])
+    torch.testing.assert_close(second[0], second[1], rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("setting", [
     lambda: gpytorch.settings.max_cholesky_size(10),
     lambda: gpytorch.settings.fast_computations(log_prob=False),

@@ -32,23 +32,34 @@ from torch import Tensor
 __all__ = ["ExactMLL"]
 
 
+def _inv_quad_logdet(covariance: Tensor, residual: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    r""":math:`r^\top K^{-1} r`, :math:`\log\lvert K\rvert`, the factor :math:`L` and :math:`K^{-1} r`, by
+    GPyTorch's factorization (its jitter retries, ``NotPSDError``, ``NanError``); differentiable
+    through the factor where autograd records it."""
+    chol = psd_safe_cholesky(covariance)
+    alpha = torch.cholesky_solve(residual.unsqueeze(-1), chol)
+    inv_quad = (residual.unsqueeze(-1) * alpha).sum((-2, -1))
+    return inv_quad, 2 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1), chol, alpha
+
+
 class _CholeskyInvQuadLogdet(torch.autograd.Function):
-    r""":math:`(r^\top K^{-1} r,\ \log\lvert K\rvert)` of a batch of dense ``K`` and vectors ``r``,
-    differentiated by the closed form (no autograd through the factor)."""
+    r""":math:`(r^\top K^{-1} r, \log\lvert K\rvert)` of a batch of dense ``K`` and vectors ``r``,
+    differentiated by the closed form; second derivatives (``create_graph=True``) through the factor."""
 
     @staticmethod
     def forward(ctx, covariance: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:  # noqa: D102 - autograd protocol
-        # psd_safe_cholesky: GPyTorch's factorization, with its jitter retries and NotPSDError/NanError.
-        chol = psd_safe_cholesky(covariance)
-        alpha = torch.cholesky_solve(residual.unsqueeze(-1), chol)
-        inv_quad = (residual.unsqueeze(-1) * alpha).sum((-2, -1))
-        logdet = 2 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
-        ctx.save_for_backward(chol, alpha)
+        inv_quad, logdet, chol, alpha = _inv_quad_logdet(covariance, residual)
+        ctx.save_for_backward(chol, alpha, covariance, residual)
         return inv_quad, logdet
 
     @staticmethod
     def backward(ctx, grad_inv_quad: Tensor, grad_logdet: Tensor):  # noqa: D102 - autograd protocol
-        chol, alpha = ctx.saved_tensors
+        chol, alpha, covariance, residual = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the closed form's own derivative needs the factor's
+            wanted = [t for t, need in zip((covariance, residual), ctx.needs_input_grad) if need]
+            grads = iter(torch.autograd.grad(_inv_quad_logdet(covariance, residual)[:2], wanted,
+                                             (grad_inv_quad, grad_logdet), create_graph=True))
+            return tuple(next(grads) if need else None for need in ctx.needs_input_grad)
         grad_covariance = grad_residual = None
         if ctx.needs_input_grad[0]:
             grad_covariance = torch.cholesky_inverse(chol).mul_(grad_logdet[..., None, None])
@@ -75,7 +86,8 @@ class ExactMLL(gpytorch.mlls.ExactMarginalLogLikelihood):
     that size, for
     multitask distributions, under ``gpytorch.settings.fast_computations(log_prob=False)`` and
     under an observation-NaN policy other than ``"ignore"``, it is GPyTorch's likelihood unchanged
-    (conjugate gradients and stochastic Lanczos quadrature on lazy products). :func:`train` uses it.
+    (conjugate gradients and stochastic Lanczos quadrature on lazy products). Second derivatives
+    (``create_graph=True``) go through the factor, as GPyTorch's do. :func:`train` uses it.
 
     Args:
         likelihood: the model's likelihood (Gaussian).
