@@ -54,8 +54,9 @@ TILES = {"float": 64, "double": 64}
 #: ``{p}`` the constant exponent of ``pow``.
 CODE = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "neg": "(-{0})",
-    "exp": "(exp{f}({0} < LK_EXP_MIN ? LK_EXP_MIN : {0}) * (T)({0} >= LK_EXP_MIN))", "expm1": "expm1{f}({0})", "log": "log{f}({0})", "sin": "sin{f}({0})",
-    "cos": "cos{f}({0})", "sqrt": "sqrt{f}({0})", "abs": "fabs{f}({0})", "rsqrt": "((T)1 / sqrt{f}({0}))",
+    "exp": "(exp{f}({0} < LK_EXP_MIN ? LK_EXP_MIN : {0}) * (T)({0} >= LK_EXP_MIN))",  # see LK_EXP_MIN
+    "expm1": "expm1{f}({0})", "log": "log{f}({0})", "sin": "sin{f}({0})", "cos": "cos{f}({0})",
+    "sqrt": "sqrt{f}({0})", "abs": "fabs{f}({0})", "rsqrt": "((T)1 / sqrt{f}({0}))",
     "pow": "pow{f}({0}, {p})",
     "sign": "({0} > (T)0 ? (T)1 : ({0} < (T)0 ? (T)(-1) : (T)0))", "step": "({0} < (T)0 ? (T)0 : (T)1)",
     "relu": "({0} > (T)0 ? {0} : (T)0)",
