@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-LIKELIHOODS = {"gpytorch": "gpytorch.mlls.ExactMarginalLogLikelihood", "lazykern": "lazykern.regression.ExactMLL"}
+LIKELIHOODS = ("gpytorch", "lazykern")
 
 CHILD = r"""
 import json, resource, statistics, sys, time
@@ -44,7 +44,8 @@ data = load_uci(spec["dataset"], split=spec["split"], n_train=spec["n_train"], d
 projections = spec["projections"] if spec["kernel"] in PROJECTED_KERNELS else None
 model, likelihood = build_model(data.train_x, data.train_y, spec["kernel"], num_projections=projections)
 model.train(); likelihood.train()
-mlls = {name: eval(path)(likelihood, model) for name, path in spec["likelihoods"].items()}
+classes = {"gpytorch": gpytorch.mlls.ExactMarginalLogLikelihood, "lazykern": lazykern.regression.ExactMLL}
+mlls = {name: classes[name](likelihood, model) for name in spec["likelihoods"]}
 params = [p for p in model.parameters() if p.requires_grad]
 
 def step(mll):
@@ -84,8 +85,8 @@ def run_kernel(spec: dict) -> dict:
     if "error" in timed:
         return {name: timed for name in LIKELIHOODS}
     records = {}
-    for name, path in LIKELIHOODS.items():
-        alone = measure({**spec, "likelihoods": {name: path}, "repeats": 0})
+    for name in LIKELIHOODS:
+        alone = measure({**spec, "likelihoods": [name], "repeats": 0})
         records[name] = alone if "error" in alone else {
             **alone[name], "seconds": statistics.median(timed[name]["times"]), "times": timed[name]["times"]}
     return records
