@@ -5,6 +5,11 @@ one leaves the others running; each cell inside a part is guarded too):
 
 * ``probe``: KeOps' health check as lazykern runs it (:func:`lazykern.keops.health.health`), the CUDA
   shim and NVRTC engine it used, and :func:`lazykern.backend.engine_report`;
+* ``agree``: each GPU engine against the chunked torch engine on the same GPU (values of
+  ``K(X, Z) @ V``, ``diag=True`` and the gradients of every parameter and of X and Z), float64 and
+  float32, on an ARD RBF, an additive Matérn-5/2, a projected kernel with learned directions and the
+  Newton–Girard interaction kernel: the CPU tests run the GPU engines only under Triton's
+  interpreter and KeOps' CPU mode, so this is where their compiled GPU code is checked;
 * ``keops_raw``: the same first reduction through plain pykeops, without lazykern's configuration
   (the outcome a KeOps user gets: on an H200 with driver 580, a segfault: docs/gpu.rst);
 * ``lazy_pass``: one lazy ``K(X, X) @ V`` (16 columns) of an additive RBF kernel at d = 26, N = 13,500
@@ -51,11 +56,13 @@ RESULTS = ROOT / "benchmarks" / "results"
 MARK = "GPU_RESULT "
 
 #: Seconds each part may take on the GPU (a part past it is killed; its finished cells are kept).
-#: 440 s in all (the probe's include the first-time builds of KeOps' engine and binder): gpu.sh's 8 minutes.
-BUDGETS = {"probe": 120, "keops_raw": 40, "lazy_pass": 90, "mll": 60, "seed": 60, "krr_cg": 35, "ntk": 35}
-FULL = {"lazy_pass": (13_500, 100_000), "mll": 13_500, "krr_cg": 1_000_000, "ntk": 4_096}
-TINY = {"lazy_pass": (64,), "mll": 64, "krr_cg": 256, "ntk": 16}
-D, D_KRR, COLUMNS = 26, 9, 16
+#: 500 s in all (the probe's include the first-time builds of KeOps' engine and binder): gpu.sh's 9 minutes.
+BUDGETS = {"probe": 120, "agree": 60, "keops_raw": 40, "lazy_pass": 90, "mll": 60, "seed": 60, "krr_cg": 35, "ntk": 35}
+FULL = {"agree": (300, 200), "lazy_pass": (13_500, 100_000), "mll": 13_500, "krr_cg": 1_000_000, "ntk": 4_096}
+TINY = {"agree": (30, 20), "lazy_pass": (64,), "mll": 64, "krr_cg": 256, "ntk": 16}
+D, D_KRR, D_AGREE, COLUMNS = 26, 9, 5, 16
+#: Largest relative error an engine may differ from the torch engine by, per dtype.
+AGREE_TOL = {"float64": 1e-10, "float32": 1e-4}
 GPU_ENGINES, CPU_ENGINES = ("triton", "keops"), ("cpu", "torch")
 
 
@@ -157,6 +164,47 @@ def part_probe(device: Any, tiny: bool) -> None:
                 "report": backend.engine_report(device)}
 
     _cell("probe", device, {}, run)
+
+
+def part_agree(device: Any, tiny: bool) -> None:
+    import torch
+
+    from lazykern import settings
+    from lazykern.regression import make_kernel
+
+    n, m = (TINY if tiny else FULL)["agree"]
+    engines = CPU_ENGINES[:1] if tiny else GPU_ENGINES
+
+    def results(kernel, x, z, v, engine: str) -> list[Any]:
+        """K(X, Z) @ V, the diagonal, and the gradients of <W, K V> of every parameter, X and Z."""
+        kernel.zero_grad()
+        x, z = x.clone().requires_grad_(True), z.clone().requires_grad_(True)
+        with settings.engine(engine), settings.max_dense_bytes(0):
+            product = kernel(x, z) @ v
+            diag = kernel(x, diag=True)
+            (product * torch.linspace(-1, 1, product.numel(), dtype=x.dtype, device=device).view_as(product)).sum().backward()
+        return [product.detach(), diag.detach(), x.grad, z.grad, *(p.grad for p in kernel.parameters())]
+
+    for name in ("rbf-ard", "additive-matern52", "dpa-matern52-learned", "additive-ng"):
+        for dtype in (torch.float64, torch.float32):
+            generator = torch.Generator().manual_seed(3)
+            x, z = (torch.randn(2, size, D_AGREE, generator=generator, dtype=dtype).to(device) for size in (n, m))
+            v = torch.randn(2, m, 3, generator=generator, dtype=dtype).to(device)
+            kernel = make_kernel(name, D_AGREE).to(device=device, dtype=dtype)
+            reference = results(kernel, x, z, v, "torch")
+            for engine in engines:
+                def run(kernel=kernel, x=x, z=z, v=v, engine=engine, reference=reference, dtype=dtype) -> dict[str, Any]:
+                    errors = [float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+                              for a, b in zip(results(kernel, x, z, v, engine), reference)
+                              if a is not None or b is not None]  # (a parameter the kernel holds fixed: None)
+                    worst = max(errors)
+                    if not worst <= AGREE_TOL[str(dtype).split(".")[1]]:
+                        raise AssertionError(f"relative errors {['%.1e' % e for e in errors]} (product, diag, X, Z, "
+                                             f"parameters) above {AGREE_TOL[str(dtype).split('.')[1]]:.0e}")
+                    return {"max_relative_error": worst}
+
+                _cell("agree", device, {"method": f"lazykern-{engine}", "kernel": name, "dtype": str(dtype),
+                                        "n": n}, run)
 
 
 def part_keops_raw(device: Any, tiny: bool) -> None:
@@ -285,7 +333,7 @@ def part_ntk(device: Any, tiny: bool) -> None:
     _cell("ntk", device, {"model": "cifar_cnn", "n": n, "mode": "trace"}, run)
 
 
-PARTS = {"probe": part_probe, "keops_raw": part_keops_raw, "lazy_pass": part_lazy_pass, "mll": part_mll, "seed": part_seed,
+PARTS = {"probe": part_probe, "agree": part_agree, "keops_raw": part_keops_raw, "lazy_pass": part_lazy_pass, "mll": part_mll, "seed": part_seed,
          "krr_cg": part_krr_cg, "ntk": part_ntk}
 
 
@@ -321,7 +369,10 @@ def _table(records: list[dict[str, Any]]) -> str:
         seconds = r.get("seconds", r.get("seconds_wall"))
         peak = r.get("peak_memory_bytes")
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('error', '')[:120]}"
-        lines.append(f"| {r['part']} | {r.get('method', r.get('model', ''))} | {r.get('n', '')} | "
+        if "max_relative_error" in r:
+            status += f" (largest relative difference {r['max_relative_error']:.1e})"
+        label = " ".join(str(r[key]) for key in ("method", "kernel", "dtype") if key in r) or r.get("model", "")
+        lines.append(f"| {r['part']} | {label} | {r.get('n', '')} | "
                      f"{'' if seconds is None else f'{seconds:.4g}'} | {rate} | "
                      f"{'' if peak is None else f'{peak / 2**20:.0f}'} | {status} |")
     ratios = []
