@@ -143,6 +143,38 @@ def test_optimizers_converge_and_stop(optimizer, tolerance):
     assert losses.float64_from is None and losses.tolerance == tolerance
 
 
+class _BatchGP(gpytorch.models.ExactGP):
+    """A user's exact GP with a batch shape: ARD RBF, constant mean, batch-shaped likelihood."""
+
+    def __init__(self, x, y, batch_shape: torch.Size):
+        super().__init__(x, y, gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch_shape))
+        self.mean_module = gpytorch.means.ConstantMean(batch_shape=batch_shape)
+        self.covar_module = gpytorch.kernels.ScaleKernel(
+            lazykern.RBFKernel(ard_num_dims=x.shape[-1], batch_shape=batch_shape), batch_shape=batch_shape)
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+def test_a_batch_of_models_trains_each_member_to_its_own_optimum():
+    data = [_relevant_two_of(2, 80, seed) for seed in (1, 2)]
+    x, y = torch.stack([d[0] for d in data]), torch.stack([d[1] for d in data])
+    batch = _BatchGP(x, y, torch.Size([2])).double()
+    with settings.engine("torch"):
+        log = train(batch, batch.likelihood, iters=300, optimizer="lbfgs", tolerance=1e-7, progress=False)
+        alone = []
+        for member_x, member_y in data:
+            model = _BatchGP(member_x, member_y, torch.Size([])).double()
+            alone.append((train(model, model.likelihood, iters=300, optimizer="lbfgs", tolerance=1e-7,
+                                progress=False), model))
+    assert log.converged, (log.stop_reason, log.interventions, log.iterations)
+    assert math.isclose(log[-1], sum(member[-1] for member, _ in alone), rel_tol=1e-4)
+    for i, (_, model) in enumerate(alone):  # (to the optimizers' tolerance: the optimum is flat)
+        assert torch.allclose(batch.covar_module.base_kernel.lengthscale[i], model.covar_module.base_kernel.lengthscale[0],
+                              rtol=2e-2)
+        assert torch.allclose(batch.likelihood.noise[i], model.likelihood.noise[0], rtol=2e-2)
+
+
 def _loss(model, likelihood) -> float:
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
     with torch.no_grad(), settings.engine("torch"):

@@ -166,8 +166,12 @@ def train(
     best point, with ``stop_reason`` ``"numerical failure"``. Each step taken is said in
     ``interventions``; a run that never fails is not changed at all.
 
+    **A batch of models** (``batch_shape`` ``(b,)``: b independent GPs) trains on the sum of its
+    members' losses, as BoTorch's ``fit_gpytorch_mll`` does: each member's hyperparameters get
+    their own loss's gradient, and the log and ``tolerance`` see the sum.
+
     Args:
-        model: an exact GP holding its training data.
+        model: an exact GP holding its training data (with a batch shape or without).
         likelihood: its likelihood.
         iters: most optimizer iterations.
         lr: initial step: default 1 for L-BFGS (the line search adapts it), 0.1 for Adam.
@@ -205,7 +209,7 @@ def train(
     best = _Best(model)
 
     def objective() -> Tensor:
-        loss = -mll(model(*model.train_inputs), model.train_targets)
+        loss = -mll(model(*model.train_inputs), model.train_targets).sum()  # a batch's members are independent
         if not torch.isfinite(loss):
             raise _NonFiniteLoss(f"loss {loss.item()}")
         log.append(loss.item())
