@@ -169,9 +169,9 @@ def test_a_batch_of_models_trains_each_member_to_its_own_optimum():
                                 progress=False), model))
     assert log.converged, (log.stop_reason, log.interventions, log.iterations)
     assert math.isclose(log[-1], sum(member[-1] for member, _ in alone), rel_tol=1e-4)
+    lengthscales = batch.covar_module.base_kernel.lengthscale
     for i, (_, model) in enumerate(alone):  # (to the optimizers' tolerance: the optimum is flat)
-        assert torch.allclose(batch.covar_module.base_kernel.lengthscale[i], model.covar_module.base_kernel.lengthscale[0],
-                              rtol=2e-2)
+        assert torch.allclose(lengthscales[i], model.covar_module.base_kernel.lengthscale[0], rtol=2e-2)
         assert torch.allclose(batch.likelihood.noise[i], model.likelihood.noise[0], rtol=2e-2)
 
 
