@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--max-cholesky", type=int, default=None,
                         help="projected kernels: exact up to this many points (default: n_train)")
     parser.add_argument("--warm-start", type=int, default=None, metavar="M",
-                        help="projected kernels on the conjugate-gradient path: start from an exact fit on M points")
+                        help="projected kernels: start from an exact fit on M of the points")
     parser.add_argument("--iters", type=int, default=200, help="most optimizer iterations (the recipe's: 200)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--jobs", type=int, default=2, help="runs at once, one thread each")
@@ -134,7 +134,7 @@ def write(args: argparse.Namespace, meta: dict, max_cholesky: int, records: list
              f"`{meta['command']}`; {meta['machine']}, {meta['cores']} cores, {args.jobs} runs at once, one thread "
              f"each. n_train = {args.n_train}, float32 (refined in float64 on the exact path), exact Cholesky up to "
              f"{max_cholesky} points for the projected kernels, always for ARD (the recipe of `lazykern uci`)"
-             + (f"; above it the projected kernels start from an exact fit on {args.warm_start} of the points."
+             + (f"; the projected kernels start from an exact fit on {args.warm_start} of the points."
                 if args.warm_start else "."), "",
              "| dataset | split | variant | J | solver | test RMSE | test NLPD | training (s) | iterations |",
              "|---|---|---|---|---|---|---|---|---|"]

@@ -335,12 +335,21 @@ def test_ard_scaled_directions_divide_diverse_ones_by_the_subsets_ard_lengthscal
             regression.ard_scaled_directions(x, y, bad, progress=False)
 
 
-def test_fit_evaluate_warm_starts_on_the_cg_path_only():
+def test_fit_evaluate_warm_starts_below_the_training_size_on_either_path():
+    """The exact path too: a projected kernel's full-size exact steps are the expensive ones, and a
+    subset's fit saves some; a subset as large as the training set is no warm start."""
     x = torch.rand(70, 2, dtype=torch.float64); y = torch.sin(4 * x).sum(-1)
     args = (x[:60], y[:60], x[60:], y[60:])
     cg = fit_evaluate(*args, kernel="rbf-ard", iters=3, max_cholesky_size=50, warm_start_size=30, progress=False)
     exact = fit_evaluate(*args, kernel="rbf-ard", iters=3, max_cholesky_size=60, warm_start_size=30, progress=False)
-    assert (cg.solver, cg.warm_start_size, exact.solver, exact.warm_start_size) == ("cg", 30, "cholesky", None)
+    whole = fit_evaluate(*args, kernel="rbf-ard", iters=3, max_cholesky_size=60, warm_start_size=60, progress=False)
+    assert [(r.solver, r.warm_start_size) for r in (cg, exact, whole)] == [
+        ("cg", 30), ("cholesky", 30), ("cholesky", None)]
+    model, likelihood = build_model(x[:60], y[:60], "rbf-ard")  # by hand: the subset's fit, then all points
+    with gpytorch.settings.max_cholesky_size(60):
+        warm_start(model, likelihood, 30, iters=3, progress=False)
+        train(model, likelihood, iters=3, progress=False)
+    assert exact.hyperparameters == regression.hyperparameters(model)
     with pytest.raises(ValueError, match="warm_start_size must be at most max_cholesky_size \\(50\\)"):
         fit_evaluate(*args, kernel="rbf-ard", max_cholesky_size=50, warm_start_size=51, progress=False)
 

@@ -148,9 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"exact Cholesky solves up to N training points, conjugate gradients on lazy "
                          f"matvecs above (default {CHOLESKY_MAX})")
         sub.add_argument("--warm-start", type=_positive_int, default=None, metavar="M",
-                         help="above --max-cholesky training points, start from hyperparameters fitted exactly "
-                         "(L-BFGS, Cholesky) on a random subset of M of them, at most --max-cholesky (default: "
-                         "from the recipe's initialization)")
+                         help="start from hyperparameters fitted exactly (L-BFGS, Cholesky) on a random subset "
+                         "of M of the training points, at most --max-cholesky (default: from the recipe's "
+                         "initialization)")
         sub.add_argument("--seed", type=int, default=0, help="seed of subsampling and training (default 0)")
         sub.add_argument("--json", type=Path, default=None, metavar="PATH",
                          help="also write the results as JSON ('-': to stdout, the report then goes to stderr)")

@@ -36,10 +36,11 @@ the exact marginal log likelihood by one recipe for every kernel (:func:`train`)
   trains in float64 on the conjugate-gradient path (:func:`trains_in_float64`: preconditioned CG
   stalls in float32);
 * **an exact warm start on request** (:func:`warm_start`, ``fit_evaluate(warm_start_size=M)``,
-  ``lazykern uci --warm-start M``): above ``max_cholesky_size`` points, L-BFGS first fits the
-  hyperparameters exactly on a random subset of M points and Adam goes on from there on all of
-  them; it helps where Adam from the recipe's start ends in a poor optimum (the projected kernels
-  on UCI kin40k and protein, ``docs/projected.rst``);
+  ``lazykern uci --warm-start M``): L-BFGS first fits the hyperparameters exactly on a random
+  subset of M points and training goes on from there on all of them (Adam above
+  ``max_cholesky_size`` points, L-BFGS below); it helps where Adam from the recipe's start ends in a
+  poor optimum (the projected kernels on UCI kin40k and protein, ``docs/projected.rst``), and saves
+  full-size exact steps where each costs much (hundreds of projections);
 * **a recipe that steps in instead of failing**: an evaluation whose Cholesky factorization fails
   goes back to the best hyperparameters evaluated so far and continues in float64 (the cause on
   UCI data was float32 rounding), and says so (``interventions``).

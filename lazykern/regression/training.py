@@ -268,9 +268,9 @@ def warm_start(
     A copy of the model on the subset is trained by :func:`train` with L-BFGS on the exact
     (Cholesky) likelihood, refined in float64 as :func:`train` does; the model and its likelihood
     then take its hyperparameters and keep their own training data and dtype. Training on all
-    points (conjugate gradients, Adam) goes on from there, as large exact GPs are trained from a
-    subset's hyperparameters (Wang et al., "Exact Gaussian processes on a million data points",
-    NeurIPS 2019). Adam from the recipe's start can end far from where L-BFGS on the exact
+    points (conjugate gradients and Adam, or exactly) goes on from there, as large exact GPs are
+    trained from a subset's hyperparameters (Wang et al., "Exact Gaussian processes on a million data
+    points", NeurIPS 2019). Adam from the recipe's start can end far from where L-BFGS on the exact
     likelihood does: UCI split 0, 5,000 training points, ``dpa-matern52`` on the conjugate-gradient
     path, test RMSE from the recipe's start / from a 1,000-point warm start: kin40k 0.992 / 0.797,
     protein 1.067 / 0.738, elevators 0.476 / 0.375 (ARD RBF, exact: 0.149, 0.643, 0.380; the
