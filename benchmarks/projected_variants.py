@@ -15,6 +15,8 @@ stochastic estimates are seeded with 0 too):
 * ``learned-ard``: learned directions starting from DPA's divided by ARD RBF's lengthscales, fitted
   exactly on 1,000 of the points (:func:`lazykern.regression.ard_scaled_directions`; its time is in the
   training time);
+* ``learned-ard-floor``: the same with the noise variance bounded below by that ARD fit's
+  (:func:`lazykern.regression.build_model`'s ``noise_floor``);
 * ``ard``: the recipe's ``rbf-ard``, the reference, always exact (Cholesky).
 
 Usage::
@@ -41,7 +43,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-VARIANTS = ("recipe", "dpa", "dpa-lengthscales", "learned", "learned-lengthscales", "learned-ard", "ard")
+VARIANTS = ("recipe", "dpa", "dpa-lengthscales", "learned", "learned-lengthscales", "learned-ard", "learned-ard-floor",
+            "ard")
 
 CHILD = r"""
 import json, sys, time
@@ -55,9 +58,11 @@ data = load_uci(spec["dataset"], split=spec["split"], n_train=spec["n_train"], d
 d, J, variant = data.train_x.shape[1], spec["projections"], spec["variant"]
 exact = spec["n_train"] if variant == "ard" else spec["max_cholesky"]
 named = {"ard": "rbf-ard", "recipe": "dpa-matern52"}  # by name: the whole recipe (initialization, floors)
-started, directions = time.perf_counter(), "dpa"
+started, directions, floor = time.perf_counter(), "dpa", None
 if variant == "learned-ard":
     directions = ard_scaled_directions(data.train_x, data.train_y, J, 1000, progress=False)
+elif variant == "learned-ard-floor":
+    directions, floor = ard_scaled_directions(data.train_x, data.train_y, J, 1000, progress=False, return_noise=True)
 start_seconds = time.perf_counter() - started
 if variant in named:
     kernel = named[variant]
@@ -68,12 +73,13 @@ else:
 result = fit_evaluate(data.train_x, data.train_y, data.test_x, data.test_y, kernel=kernel, progress=False,
                       analyze=False, max_cholesky_size=exact, y_scale=data.y_std,
                       num_projections=J if variant == "recipe" else None, iters=spec["iters"],
-                      warm_start_size=None if variant == "ard" else spec["warm_start"])
+                      warm_start_size=None if variant == "ard" else spec["warm_start"], noise_floor=floor)
 print("RESULT", json.dumps({"rmse": result.rmse, "nlpd": result.nlpd,
                             "train_seconds": start_seconds + result.train_seconds,
                             "d": d, "J": J, "solver": result.solver, "interventions": result.interventions,
                             "iterations": result.iterations, "converged": result.converged,
-                            "stop_reason": result.stop_reason, "final_loss": result.final_loss}))
+                            "stop_reason": result.stop_reason, "final_loss": result.final_loss,
+                            "noise_floor": floor}))
 """
 
 

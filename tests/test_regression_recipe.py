@@ -324,6 +324,9 @@ def test_ard_scaled_directions_divide_diverse_ones_by_the_subsets_ard_lengthscal
     expected = diverse_directions(3, 5, 2) / lengthscales
     assert W.dtype == torch.float64 and W.shape == (3, 5)
     torch.testing.assert_close(W, expected, rtol=1e-12, atol=0)
+    same, noise = regression.ard_scaled_directions(x, y, 5, size=60, iters=30, progress=False, seed=2,
+                                                   return_noise=True)
+    assert torch.equal(same, W) and noise == likelihood.noise.item()
     # no more points than the subset's size: the fit is on all of them
     every = regression.ard_scaled_directions(x[:50], y[:50], 5, size=60, iters=30, progress=False)
     model, likelihood = build_model(x[:50], y[:50], "rbf-ard")
@@ -333,6 +336,27 @@ def test_ard_scaled_directions_divide_diverse_ones_by_the_subsets_ard_lengthscal
     for bad in (0, 2.5):
         with pytest.raises(ValueError, match="num_projections must be a positive int"):
             regression.ard_scaled_directions(x, y, bad, progress=False)
+
+
+def test_a_noise_floor_bounds_the_noise_the_fit_reaches():
+    """Noiseless targets drive the noise to its bound: GPyTorch's 1e-4, or the floor given, which
+    training then keeps; a bad floor is refused before anything is built."""
+    torch.manual_seed(0)
+    x = torch.rand(60, 2, dtype=torch.float64)
+    y = torch.sin(4 * x).sum(-1)
+    model, likelihood = build_model(x, y, "rbf-ard", noise_floor=0.05)
+    # GPyTorch keeps a bound in torch's default dtype (float32), as its own 1e-4
+    torch.testing.assert_close(likelihood.noise_covar.raw_noise_constraint.lower_bound.item(), 0.05, rtol=1e-7, atol=0)
+    torch.testing.assert_close(likelihood.noise.item(), 0.05 + regression.INITIAL_NOISE, rtol=1e-7, atol=0)
+    result = regression.fit_evaluate(x[:50], y[:50], x[50:], y[50:], kernel="rbf-ard", iters=30,
+                                     analyze=False, progress=False)
+    floored = regression.fit_evaluate(x[:50], y[:50], x[50:], y[50:], kernel="rbf-ard", iters=30,
+                                      noise_floor=0.05, analyze=False, progress=False)
+    assert result.likelihood.noise.item() < 1e-3
+    assert 0.05 <= floored.likelihood.noise.item() < 0.051
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "0.1"):
+        with pytest.raises(ValueError, match="noise_floor must be a positive finite number"):
+            build_model(x, y, "rbf-ard", noise_floor=bad)
 
 
 def test_fit_evaluate_warm_starts_below_the_training_size_on_either_path():

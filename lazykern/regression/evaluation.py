@@ -392,6 +392,7 @@ def fit_evaluate(
     y_scale: float = 1.0,
     max_cholesky_size: int | None = None,
     warm_start_size: int | None = None,
+    noise_floor: float | None = None,
     analyze: bool = True,
     progress: bool = True,
 ) -> RegressionResult:
@@ -420,6 +421,7 @@ def fit_evaluate(
             training points (:func:`warm_start`, counted in the training time), then train on all of
             them, by conjugate gradients or exactly; at most ``max_cholesky_size``, and ignored when
             it is not below the number of training points. ``None``: train from the recipe's start.
+        noise_floor: lower bound of the noise variance (see :func:`build_model`), or ``None``.
         analyze: for additive and interaction kernels, run
             :func:`lazykern.components.component_analysis` after training (order and dimension
             shares and total effects in the result, the analysis for
@@ -448,7 +450,7 @@ def fit_evaluate(
         check_positive_int_at_most("warm_start_size", warm_start_size, max_cholesky_size,
                                    f"max_cholesky_size ({max_cholesky_size})")
     on_cg = train_x.shape[0] > max_cholesky_size
-    model, likelihood = build_model(train_x, train_y, kernel, max_degree, num_projections)
+    model, likelihood = build_model(train_x, train_y, kernel, max_degree, num_projections, noise_floor)
     device = train_x.device
     with PeakMemory(device) as peak, gpytorch.settings.max_cholesky_size(max_cholesky_size):
         optimizer_used = resolve_optimizer(optimizer, train_x.shape[0])

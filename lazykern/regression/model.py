@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .. import kernels as lazy_kernels
 from ..kernel_names import INTERACTION_KERNELS, KERNELS, PROJECTED_KERNELS, default_num_projections
-from ..validation import check_floating_matrix, check_positive_int
+from ..validation import check_floating_matrix, check_positive_int, check_positive_number
 
 __all__ = ["DEFAULT_MAX_DEGREE", "DISCRETE_FLOOR", "DISCRETE_MAX_LEVELS", "INITIAL_NOISE", "TOP_ORDER_SHARE",
            "ExactGPRegressor", "build_model", "discrete_columns", "floor_discrete_lengthscales", "initialize",
@@ -163,13 +163,19 @@ class ExactGPRegressor(gpytorch.models.ExactGP):
 
 def build_model(
     train_x: Tensor, train_y: Tensor, kernel: str | Kernel, max_degree: int | None = None,
-    num_projections: int | None = None,
+    num_projections: int | None = None, noise_floor: float | None = None,
 ) -> tuple[ExactGPRegressor, gpytorch.likelihoods.GaussianLikelihood]:
     """An :class:`ExactGPRegressor` and its Gaussian likelihood, in the dtype and on the device of ``train_x``.
 
     A kernel given by name is built by :func:`make_kernel`, initialized by :func:`initialize`, and
     its lengthscales of binary and categorical inputs bounded below by
-    :func:`floor_discrete_lengthscales`; a kernel module is used as it is. The noise variance starts at :data:`INITIAL_NOISE`.
+    :func:`floor_discrete_lengthscales`; a kernel module is used as it is. The noise variance starts at
+    :data:`INITIAL_NOISE`, or that much above ``noise_floor`` (its lower bound; GPyTorch's is 1e-4).
+
+    A floor keeps a flexible kernel from explaining the noise: learned projections (:math:`dJ` direction
+    parameters, as many as the training points) drove the noise of UCI pol to GPyTorch's bound and
+    predicted worse than with it held at ARD RBF's (``docs/projected.rst``; the noise ARD fits on a
+    subset is :func:`~lazykern.regression.ard_scaled_directions` ``(..., return_noise=True)``).
 
     Args:
         train_x: ``(n, d)`` float32/float64 training inputs.
@@ -177,6 +183,7 @@ def build_model(
         kernel: a name from :data:`~lazykern.kernel_names.KERNELS` or a kernel module.
         max_degree: highest interaction order of a named ``additive-ng`` or ``oak`` kernel.
         num_projections: number of projections of a named projected kernel (``dpa-...``, ``rpa-...``).
+        noise_floor: lower bound of the noise variance (in the units of ``train_y`` squared), or ``None``.
 
     Example:
         >>> import torch
@@ -189,6 +196,8 @@ def build_model(
     if not isinstance(train_y, Tensor) or train_y.shape != train_x.shape[:1]:
         got = tuple(train_y.shape) if isinstance(train_y, Tensor) else type(train_y).__name__
         raise ValueError(f"train_y must be a tensor of shape ({train_x.shape[0]},), got {got}")
+    if noise_floor is not None:
+        noise_floor = check_positive_number("noise_floor", noise_floor)
     if isinstance(kernel, str):
         kernel = make_kernel(kernel, train_x.shape[1], max_degree, num_projections)
         initialize(kernel, train_x.shape[1])
@@ -196,8 +205,9 @@ def build_model(
     elif max_degree is not None or num_projections is not None:
         flag = "max_degree" if max_degree is not None else "num_projections"
         raise ValueError(f"{flag} applies to kernels given by name; set it on the kernel module instead")
-    likelihood = gpytorch.likelihoods.GaussianLikelihood()
-    likelihood.noise = INITIAL_NOISE
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(  # None: GPyTorch's bound, 1e-4
+        noise_constraint=None if noise_floor is None else GreaterThan(noise_floor))
+    likelihood.noise = INITIAL_NOISE + (noise_floor or 0.0)
     model = ExactGPRegressor(train_x, train_y.to(train_x), likelihood, kernel)
     model.to(dtype=train_x.dtype, device=train_x.device)
     return model, likelihood

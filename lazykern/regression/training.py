@@ -322,7 +322,8 @@ def ard_scaled_directions(
     progress: bool = True,
     *,
     seed: int = 0,
-) -> Tensor:
+    return_noise: bool = False,
+) -> Tensor | tuple[Tensor, float]:
     r"""Diverse directions divided by the lengthscales ARD RBF fits exactly: :math:`w_j = \Lambda^{-1}
     u_j`, :math:`\Lambda = \operatorname{diag}(\ell)`, a ``(d, num_projections)`` tensor to start
     learned directions from (``ProjectedAdditiveKernel(..., projections=W, learn_projections=True)``).
@@ -344,19 +345,24 @@ def ard_scaled_directions(
         iters: most L-BFGS iterations of that fit.
         progress: show :func:`train`'s progress bar.
         seed: seed of the subset's draw and of the directions.
+        return_noise: also return the noise variance of ARD's fit, a floor for the learned directions'
+            (:func:`build_model`'s ``noise_floor``), which otherwise can explain the noise.
 
     Returns:
-        a ``(d, num_projections)`` tensor in ``train_x``'s dtype and on its device.
+        a ``(d, num_projections)`` tensor in ``train_x``'s dtype and on its device; with ``return_noise``,
+        that tensor and the noise variance (a float).
 
     Example:
         >>> import torch
         >>> from lazykern import ProjectedAdditiveKernel, MaternKernel
-        >>> from lazykern.regression import ard_scaled_directions
+        >>> from lazykern.regression import ard_scaled_directions, build_model
         >>> x = torch.randn(300, 3, dtype=torch.float64); y = torch.sin(3 * x[:, 0]) + 0.1 * x[:, 1]
         >>> W = ard_scaled_directions(x, y, 6, size=100, iters=50, progress=False)
         >>> kernel = ProjectedAdditiveKernel(MaternKernel(nu=2.5), 3, 6, projections=W, learn_projections=True)
         >>> W.shape, bool(W[0].norm() > W[2].norm())   # y does not depend on x_2: a long lengthscale
         (torch.Size([3, 6]), True)
+        >>> W, noise = ard_scaled_directions(x, y, 6, size=100, iters=50, progress=False, return_noise=True)
+        >>> model, likelihood = build_model(x, y, kernel, noise_floor=noise)   # noise at least ARD's
     """
     check_positive_int("num_projections", num_projections)
     check_positive_int("size", size)
@@ -367,7 +373,8 @@ def ard_scaled_directions(
         with gpytorch.settings.max_cholesky_size(train_x.shape[0]):
             train(model, likelihood, iters, progress=progress, optimizer="lbfgs")
     lengthscales = model.covar_module.base_kernel.lengthscale.detach().reshape(-1, 1)
-    return (diverse_directions(train_x.shape[1], num_projections, seed) / lengthscales).to(train_x)
+    directions = (diverse_directions(train_x.shape[1], num_projections, seed) / lengthscales).to(train_x)
+    return (directions, likelihood.noise.item()) if return_noise else directions
 
 
 def trains_in_float64(model: gpytorch.models.ExactGP) -> bool:
