@@ -41,6 +41,9 @@ the exact marginal log likelihood by one recipe for every kernel (:func:`train`)
   ``max_cholesky_size`` points, L-BFGS below); it helps where Adam from the recipe's start ends in a
   poor optimum (the projected kernels on UCI kin40k and protein, ``docs/projected.rst``), and saves
   full-size exact steps where each costs much (hundreds of projections);
+* **a noise floor on request** (``build_model``/``fit_evaluate(noise_floor=...)``): a lower bound of
+  the noise variance, for kernels flexible enough to explain the noise (learned projections on UCI
+  pol drove it to GPyTorch's bound of 1e-4); :func:`ard_scaled_directions` returns ARD's noise as one;
 * **a recipe that steps in instead of failing**: an evaluation whose Cholesky factorization fails
   goes back to the best hyperparameters evaluated so far and continues in float64 (the cause on
   UCI data was float32 rounding), and says so (``interventions``).
