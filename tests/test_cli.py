@@ -197,6 +197,7 @@ def test_version_is_the_package_version(capsys):
          "--projections applies to --kernel dpa-matern52, dpa-rbf, dpa-matern52-learned, rpa-matern52, rpa-rbf only, not 'additive-ng'"),
         (["uci", "pol", "--tolerance", "0"], "argument --tolerance: expected a positive number, got '0'"),
         (["uci", "pol", "--warm-start", "0"], "argument --warm-start: expected an integer >= 1, got '0'"),
+        (["uci", "pol", "--noise-floor", "0"], "argument --noise-floor: expected a positive number, got '0'"),
         (["uci", "pol", "--warm-start", "300", "--max-cholesky", "200"],
          "--warm-start 300 exceeds --max-cholesky 200: the subset's fit is exact; use at most that many points"),
         (["uci", "pol", "--lr", "nan"], "argument --lr: expected a positive number"),
@@ -335,6 +336,14 @@ def test_a_converged_float32_run_says_where_it_went_on_in_float64(capsys):
     assert 0 < record["float64_from"] < record["iterations"] and record["tolerance"] == 1e-6
     assert (f"{record['iterations']} of at most 200 iterations (float64 after iteration {record['float64_from']}), "
             f"{record['evaluations']} loss evaluations, tolerance 1e-06; converged") in captured.err
+
+
+def test_the_noise_floor_reaches_the_model_and_the_report(capsys):
+    assert main([*TINY_DEMO, "--kernel", "rbf-ard", "--iters", "20", "--noise-floor", "0.2", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    record = json.loads(captured.out)
+    assert record["noise_floor"] == 0.2 and record["hyperparameters"]["likelihood.noise_covar.noise"] >= 0.2
+    assert "noise at least 0.2)" in captured.err
 
 
 def test_iterations_running_out_is_reported_and_warned(capsys):

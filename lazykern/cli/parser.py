@@ -151,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="start from hyperparameters fitted exactly (L-BFGS, Cholesky) on a random subset "
                          "of M of the training points, at most --max-cholesky (default: from the recipe's "
                          "initialization)")
+        sub.add_argument("--noise-floor", type=_positive_float, default=None, metavar="V",
+                         help="lower bound of the noise variance (standardized targets) of --kernel's model, for "
+                         "kernels that can explain the noise, such as learned projections; --compare's models "
+                         "keep GPyTorch's 1e-4 (default: 1e-4)")
         sub.add_argument("--seed", type=int, default=0, help="seed of subsampling and training (default 0)")
         sub.add_argument("--json", type=Path, default=None, metavar="PATH",
                          help="also write the results as JSON ('-': to stdout, the report then goes to stderr)")

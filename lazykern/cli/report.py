@@ -87,7 +87,8 @@ def results_text(record: dict[str, Any]) -> str:
     lines += [
         f"{'train time':<20}{record['train_seconds']:>13.1f}s   ({_training(record)}, "
         f"final loss {record['final_loss']:.4f}, {record['solver']}"
-        + (f", from an exact fit on {record['warm_start_size']} points)" if record.get("warm_start_size") else ")"),
+        + (f", from an exact fit on {record['warm_start_size']} points" if record.get("warm_start_size") else "")
+        + (f", noise at least {record['noise_floor']:.3g})" if record.get("noise_floor") else ")"),
         f"{'predict':<20}{record['predict_seconds']:>13.2f}s",
         f"{'memory':<20}{record['peak_memory_mb']:>11.0f} MB   ({memory})",
         *_shares(record),

@@ -113,6 +113,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                                     max_degree=max_degree, num_projections=num_projections, iters=args.iters, lr=args.lr,
                                     optimizer=args.optimizer, tolerance=args.tolerance, y_scale=data.y_std,
                                     max_cholesky_size=args.max_cholesky, warm_start_size=args.warm_start,
+                                    noise_floor=args.noise_floor if i == 0 else None,
                                     progress=not args.quiet))
     # The training mean and variance are 0 and 1 in standardized units, by construction.
     rmse, nlpd = gaussian_metrics(torch.zeros_like(data.test_y), torch.ones_like(data.test_y), data.test_y)

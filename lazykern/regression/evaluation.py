@@ -290,6 +290,7 @@ class RegressionResult:
         num_projections: number of projections J of a projected kernel (``None`` for the others).
         warm_start_size: points of the exact fit training started from (:func:`warm_start`), or
             ``None`` when it started from the recipe's initialization.
+        noise_floor: lower bound of the noise variance (``fit_evaluate(noise_floor=...)``), or ``None``.
         solver: ``"cholesky"`` or ``"cg"`` (conjugate gradients and Lanczos on lazy matvecs).
         rmse, nlpd: test RMSE and mean NLPD in the units of the targets given; the NLPD is NaN where
             LOVE's variances failed the check of the conjugate-gradient path (``interventions`` say so).
@@ -336,6 +337,7 @@ class RegressionResult:
     max_degree: int | None
     num_projections: int | None
     warm_start_size: int | None
+    noise_floor: float | None
     solver: str
     rmse: float
     nlpd: float
@@ -514,6 +516,7 @@ def fit_evaluate(
         max_degree=getattr(inner, "max_degree", None),
         num_projections=getattr(inner, "num_projections", None),
         warm_start_size=warm_start_size if warmed else None,
+        noise_floor=noise_floor,
         solver="cg" if on_cg else "cholesky",
         rmse=rmse,
         nlpd=nlpd,
