@@ -197,7 +197,7 @@ def test_version_is_the_package_version(capsys):
          "--projections applies to --kernel dpa-matern52, dpa-rbf, dpa-matern52-learned, rpa-matern52, rpa-rbf only, not 'additive-ng'"),
         (["uci", "pol", "--tolerance", "0"], "argument --tolerance: expected a positive number, got '0'"),
         (["uci", "pol", "--warm-start", "0"], "argument --warm-start: expected an integer >= 1, got '0'"),
-        (["uci", "pol", "--noise-floor", "0"], "argument --noise-floor: expected a positive number, got '0'"),
+        (["uci", "pol", "--noise-floor", "0"], "argument --noise-floor: expected a positive number or 'ard', got '0'"),
         (["uci", "pol", "--warm-start", "300", "--max-cholesky", "200"],
          "--warm-start 300 exceeds --max-cholesky 200: the subset's fit is exact; use at most that many points"),
         (["uci", "pol", "--lr", "nan"], "argument --lr: expected a positive number"),
@@ -344,6 +344,14 @@ def test_the_noise_floor_reaches_the_model_and_the_report(capsys):
     record = json.loads(captured.out)
     assert record["noise_floor"] == 0.2 and record["hyperparameters"]["likelihood.noise_covar.noise"] >= 0.2
     assert "noise at least 0.2)" in captured.err
+
+
+def test_the_ard_noise_floor_is_measured_and_reported(capsys):
+    assert main([*TINY_DEMO, "--kernel", "rbf-ard", "--iters", "20", "--noise-floor", "ard", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    record = json.loads(captured.out)
+    assert record["noise_floor"] > 0 and record["hyperparameters"]["likelihood.noise_covar.noise"] >= record["noise_floor"]
+    assert f"noise at least {record['noise_floor']:.3g})" in captured.err
 
 
 def test_iterations_running_out_is_reported_and_warned(capsys):

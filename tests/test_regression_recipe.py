@@ -359,6 +359,22 @@ def test_a_noise_floor_bounds_the_noise_the_fit_reaches():
             build_model(x, y, "rbf-ard", noise_floor=bad)
 
 
+def test_the_ard_noise_floor_is_the_noise_of_ard_scaled_directions_fit():
+    """``noise_floor="ard"`` bounds the noise by ARD RBF's on the same points, the fit
+    :func:`ard_scaled_directions` starts learned directions from; a misspelt name is refused first."""
+    torch.manual_seed(0)
+    x = torch.rand(60, 2, dtype=torch.float64)
+    y = torch.sin(4 * x[:, 0]) + 0.1 * torch.randn(60, dtype=torch.float64)
+    floor = regression.ard_noise_floor(x[:50], y[:50], iters=30, progress=False)
+    _, noise = regression.ard_scaled_directions(x[:50], y[:50], 3, iters=30, progress=False, return_noise=True)
+    assert floor == noise and 1e-3 < floor < 0.1
+    result = regression.fit_evaluate(x[:50], y[:50], x[50:], y[50:], kernel="rbf-ard", iters=30,
+                                     noise_floor="ard", analyze=False, progress=False)
+    assert result.noise_floor == floor and result.likelihood.noise.item() >= floor
+    with pytest.raises(ValueError, match="noise_floor must be 'ard', got 'ARD'"):
+        regression.fit_evaluate(x[:50], y[:50], x[50:], y[50:], kernel="rbf-ard", noise_floor="ARD", progress=False)
+
+
 def test_fit_evaluate_warm_starts_below_the_training_size_on_either_path():
     """The exact path too: a projected kernel's full-size exact steps are the expensive ones, and a
     subset's fit saves some; a subset as large as the training set is no warm start."""

@@ -43,7 +43,8 @@ the exact marginal log likelihood by one recipe for every kernel (:func:`train`)
   full-size exact steps where each costs much (hundreds of projections);
 * **a noise floor on request** (``build_model``/``fit_evaluate(noise_floor=...)``): a lower bound of
   the noise variance, for kernels flexible enough to explain the noise (learned projections on UCI
-  pol drove it to GPyTorch's bound of 1e-4); :func:`ard_scaled_directions` returns ARD's noise as one;
+  pol drove it to GPyTorch's bound of 1e-4); ``noise_floor="ard"`` takes the noise ARD RBF fits on a subset
+  (:func:`ard_noise_floor`), which :func:`ard_scaled_directions` also returns;
 * **a recipe that steps in instead of failing**: an evaluation whose Cholesky factorization fails
   goes back to the best hyperparameters evaluated so far and continues in float64 (the cause on
   UCI data was float32 rounding), and says so (``interventions``).
@@ -67,8 +68,8 @@ from .evaluation import (
 from .likelihood import ExactMLL
 from .model import DEFAULT_MAX_DEGREE, DISCRETE_FLOOR, DISCRETE_MAX_LEVELS, INITIAL_NOISE, TOP_ORDER_SHARE, \
     ExactGPRegressor, build_model, discrete_columns, floor_discrete_lengthscales, initialize, make_kernel
-from .training import ADAM_PLATEAU_WINDOW, OPTIMIZERS, TOLERANCES, TrainingLog, ard_scaled_directions, \
-    refines_in_float64, resolve_optimizer, to_float64, train, trains_in_float64, warm_start
+from .training import ADAM_PLATEAU_WINDOW, OPTIMIZERS, TOLERANCES, TrainingLog, ard_noise_floor, \
+    ard_scaled_directions, refines_in_float64, resolve_optimizer, to_float64, train, trains_in_float64, warm_start
 
 __all__ = [
     "KERNELS",
@@ -93,6 +94,7 @@ __all__ = [
     "train",
     "warm_start",
     "ard_scaled_directions",
+    "ard_noise_floor",
     "resolve_optimizer",
     "refines_in_float64",
     "trains_in_float64",
