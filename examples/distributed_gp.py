@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from _common import load
-from lazykern.distributed import ShardedKernel
+from lazykern.distributed import ShardedKernel  # before init_process_group (docs/distributed.rst, Running it)
 from lazykern.regression import KERNELS, PeakMemory, build_model, hyperparameters, make_kernel, train
 from lazykern.solvers import KernelRidge
 
@@ -106,9 +106,6 @@ def main() -> None:
                            "iters": args.iters, "rmse": rmse, "rmse_original": rmse * data.y_std, "losses": losses,
                            "train_seconds": train_seconds, "predict_seconds": predict_seconds,
                            "peak_memory_mb_per_worker": peaks, "hyperparameters": hyperparameters(model)}, f, indent=1)
-    # Every worker tears its group down together: a worker that destroyed its gloo group while rank 0
-    # was still writing aborted once at exit ("terminate called without an active exception", torch 2.14.1).
-    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -7,6 +7,17 @@ kernels and formulas underneath never see a process group. See :doc:`/distribute
 it (``torchrun``) and its scaling model.
 """
 
+import torch.distributed as _dist
+
+if _dist.is_available():
+    # Imported now, before any process group exists: its functions take ``group=group.WORLD`` as a
+    # default evaluated at import, so imported after ``init_process_group`` (``torch.optim`` does,
+    # through ``torch._dynamo``) they would hold the default group for the life of the process.
+    # ``destroy_process_group`` then frees nothing: gloo's worker threads outlive the interpreter's
+    # shutdown, where one still releasing a tensor aborts the process ("terminate called without an
+    # active exception"; measured in docs/distributed.rst).
+    import torch.distributed.nn.functional  # noqa: F401
+
 from .collectives import row_bounds
 from .kernel import ShardedKernel
 from .operator import ShardedOperator, shard
