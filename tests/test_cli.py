@@ -197,7 +197,8 @@ def test_version_is_the_package_version(capsys):
          "--projections applies to --kernel dpa-matern52, dpa-rbf, dpa-matern52-learned, rpa-matern52, rpa-rbf only, not 'additive-ng'"),
         (["uci", "pol", "--tolerance", "0"], "argument --tolerance: expected a positive number, got '0'"),
         (["uci", "pol", "--warm-start", "0"], "argument --warm-start: expected an integer >= 1, got '0'"),
-        (["uci", "pol", "--noise-floor", "0"], "argument --noise-floor: expected a positive number or 'ard', got '0'"),
+        (["uci", "pol", "--noise-floor", "0"],
+         "argument --noise-floor: expected a positive number, 'ard' or 'none', got '0'"),
         (["uci", "pol", "--warm-start", "300", "--max-cholesky", "200"],
          "--warm-start 300 exceeds --max-cholesky 200: the subset's fit is exact; use at most that many points"),
         (["uci", "pol", "--lr", "nan"], "argument --lr: expected a positive number"),
@@ -352,6 +353,16 @@ def test_the_ard_noise_floor_is_measured_and_reported(capsys):
     record = json.loads(captured.out)
     assert record["noise_floor"] > 0 and record["hyperparameters"]["likelihood.noise_covar.noise"] >= record["noise_floor"]
     assert f"noise at least {record['noise_floor']:.3g})" in captured.err
+
+
+def test_learned_projections_take_the_ard_noise_floor_unless_told_none(capsys):
+    flags = [*TINY_DEMO, "--kernel", "dpa-matern52-learned", "--projections", "4", "--iters", "5", "--json", "-"]
+    assert main(flags) == 0
+    floored = json.loads(capsys.readouterr().out)
+    noise = floored["hyperparameters"]["likelihood.noise_covar.noise"]
+    assert floored["noise_floor"] > 0 and noise >= floored["noise_floor"]
+    assert main([*flags, "--noise-floor", "none"]) == 0
+    assert json.loads(capsys.readouterr().out)["noise_floor"] is None
 
 
 def test_iterations_running_out_is_reported_and_warned(capsys):

@@ -371,8 +371,30 @@ def test_the_ard_noise_floor_is_the_noise_of_ard_scaled_directions_fit():
     result = regression.fit_evaluate(x[:50], y[:50], x[50:], y[50:], kernel="rbf-ard", iters=30,
                                      noise_floor="ard", analyze=False, progress=False)
     assert result.noise_floor == floor and result.likelihood.noise.item() >= floor
-    with pytest.raises(ValueError, match="noise_floor must be 'ard', got 'ARD'"):
+    with pytest.raises(ValueError, match=r"noise_floor must be one of \('ard', 'auto'\), got 'ARD'"):
         regression.fit_evaluate(x[:50], y[:50], x[50:], y[50:], kernel="rbf-ard", noise_floor="ARD", progress=False)
+
+
+def test_the_recipe_floors_the_noise_of_learned_projections_only():
+    """``noise_floor="auto"`` (the default) is ARD's floor for kernels that train their directions,
+    by name or as a module, and none for the others; ``None`` asks for none."""
+    torch.manual_seed(0)
+    x = torch.rand(60, 2, dtype=torch.float64)
+    y = torch.sin(4 * x[:, 0]) + 0.1 * torch.randn(60, dtype=torch.float64)
+    floor = regression.ard_noise_floor(x[:50], y[:50], iters=5, progress=False)
+
+    def projected(learn: bool) -> gpytorch.kernels.Kernel:
+        return gpytorch.kernels.ScaleKernel(lazykern.ProjectedAdditiveKernel(
+            lazykern.MaternKernel(nu=2.5), 2, 3, learn_projections=learn))
+
+    for kernel, expected in (("dpa-matern52-learned", floor), (projected(True), floor), ("dpa-matern52", None),
+                             (projected(False), None)):
+        result = regression.fit_evaluate(x[:50], y[:50], x[50:], y[50:], kernel=kernel, iters=5, analyze=False,
+                                         progress=False)
+        assert result.noise_floor == expected, kernel
+    unfloored = regression.fit_evaluate(x[:50], y[:50], x[50:], y[50:], kernel="dpa-matern52-learned", iters=5,
+                                        noise_floor=None, analyze=False, progress=False)
+    assert unfloored.noise_floor is None
 
 
 def test_fit_evaluate_warm_starts_below_the_training_size_on_either_path():

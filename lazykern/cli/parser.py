@@ -19,6 +19,7 @@ from ..kernel_names import (
     GPYTORCH_KERNELS,
     INTERACTION_KERNELS,
     KERNELS,
+    LEARNED_PROJECTION_KERNELS,
     OPTIMIZERS,
     PROJECTED_KERNELS,
     PROJECTIONS_PER_DIMENSION,
@@ -105,13 +106,15 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _noise_floor(text: str) -> float | str:
-    if text == "ard":
+def _noise_floor(text: str) -> float | str | None:
+    if text in ("ard", "auto"):
         return text
+    if text == "none":
+        return None
     try:
         return _positive_float(text)
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected a positive number or 'ard', got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a positive number, 'ard' or 'none', got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,11 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
                          help="start from hyperparameters fitted exactly (L-BFGS, Cholesky) on a random subset "
                          "of M of the training points, at most --max-cholesky (default: from the recipe's "
                          "initialization)")
-        sub.add_argument("--noise-floor", type=_noise_floor, default=None, metavar="V",
+        sub.add_argument("--noise-floor", type=_noise_floor, default="auto", metavar="V",
                          help="lower bound of the noise variance (standardized targets) of --kernel's model, for "
                          "kernels that can explain the noise, such as learned projections; 'ard': the noise ARD "
                          "RBF fits exactly on 1,000 of the training points (its seconds count as training); "
-                         "--compare's models keep GPyTorch's 1e-4 (default: 1e-4)")
+                         f"'none': GPyTorch's 1e-4; --compare's models keep 1e-4 (default: 'ard' for "
+                         f"{', '.join(LEARNED_PROJECTION_KERNELS)}, 'none' for the others)")
         sub.add_argument("--seed", type=int, default=0, help="seed of subsampling and training (default 0)")
         sub.add_argument("--json", type=Path, default=None, metavar="PATH",
                          help="also write the results as JSON ('-': to stdout, the report then goes to stderr)")

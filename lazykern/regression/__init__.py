@@ -41,10 +41,11 @@ the exact marginal log likelihood by one recipe for every kernel (:func:`train`)
   ``max_cholesky_size`` points, L-BFGS below); it helps where Adam from the recipe's start ends in a
   poor optimum (the projected kernels on UCI kin40k and protein, ``docs/projected.rst``), and saves
   full-size exact steps where each costs much (hundreds of projections);
-* **a noise floor on request** (``build_model``/``fit_evaluate(noise_floor=...)``): a lower bound of
-  the noise variance, for kernels flexible enough to explain the noise (learned projections on UCI
-  pol drove it to GPyTorch's bound of 1e-4); ``noise_floor="ard"`` takes the noise ARD RBF fits on a subset
-  (:func:`ard_noise_floor`), which :func:`ard_scaled_directions` also returns;
+* **a noise floor where the kernel can explain the noise** (``build_model``/``fit_evaluate(noise_floor=...)``):
+  a lower bound of the noise variance (learned projections on UCI pol drove it to GPyTorch's bound of
+  1e-4); ``noise_floor="ard"`` takes the noise ARD RBF fits on a subset (:func:`ard_noise_floor`), which
+  :func:`ard_scaled_directions` also returns, and ``fit_evaluate`` does so by default for kernels that train
+  their projection directions;
 * **a recipe that steps in instead of failing**: an evaluation whose Cholesky factorization fails
   goes back to the best hyperparameters evaluated so far and continues in float64 (the cause on
   UCI data was float32 rounding), and says so (``interventions``).

@@ -25,7 +25,7 @@ from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor
 
 from .. import kernels as lazy_kernels
-from ..kernel_names import DEFAULT_KERNEL
+from ..kernel_names import DEFAULT_KERNEL, LEARNED_PROJECTION_KERNELS
 from ..ntk.throughput import synchronize
 from ..validation import check_choice, check_floating_matrix, check_non_negative_int, check_positive_int_at_most, \
     check_positive_number
@@ -396,7 +396,7 @@ def fit_evaluate(
     y_scale: float = 1.0,
     max_cholesky_size: int | None = None,
     warm_start_size: int | None = None,
-    noise_floor: float | str | None = None,
+    noise_floor: float | str | None = "auto",
     analyze: bool = True,
     progress: bool = True,
 ) -> RegressionResult:
@@ -427,7 +427,11 @@ def fit_evaluate(
             it is not below the number of training points. ``None``: train from the recipe's start.
         noise_floor: lower bound of the noise variance (see :func:`build_model`); ``"ard"``: the noise
             ARD RBF fits exactly on 1,000 of the training points (:func:`ard_noise_floor`, ``iters`` at
-            most, counted in the training time); ``None``: GPyTorch's bound of 1e-4.
+            most, counted in the training time); ``None``: GPyTorch's bound of 1e-4; ``"auto"``
+            (default): ``"ard"`` for a kernel that trains projection directions (a name in
+            :data:`~lazykern.kernel_names.LEARNED_PROJECTION_KERNELS`, or a module holding a
+            :class:`~lazykern.kernels.ProjectedAdditiveKernel` with ``learn_projections=True``), whose
+            directions can otherwise explain the noise, else ``None``.
         analyze: for additive and interaction kernels, run
             :func:`lazykern.components.component_analysis` after training (order and dimension
             shares and total effects in the result, the analysis for
@@ -456,11 +460,14 @@ def fit_evaluate(
         check_positive_int_at_most("warm_start_size", warm_start_size, max_cholesky_size,
                                    f"max_cholesky_size ({max_cholesky_size})")
     floor_seconds = 0.0
-    if isinstance(noise_floor, str):  # the noise a simpler model fits on the same data
-        check_choice("noise_floor", noise_floor, ("ard",))
-        started = time.perf_counter()
-        noise_floor = ard_noise_floor(train_x, train_y, iters=iters, progress=progress)
-        floor_seconds = time.perf_counter() - started
+    if isinstance(noise_floor, str):  # the noise a simpler model fits on the same data, or none
+        check_choice("noise_floor", noise_floor, ("ard", "auto"))
+        if noise_floor == "ard" or _learns_projections(kernel):
+            started = time.perf_counter()
+            noise_floor = ard_noise_floor(train_x, train_y, iters=iters, progress=progress)
+            floor_seconds = time.perf_counter() - started
+        else:
+            noise_floor = None
     on_cg = train_x.shape[0] > max_cholesky_size
     model, likelihood = build_model(train_x, train_y, kernel, max_degree, num_projections, noise_floor)
     device = train_x.device
@@ -556,3 +563,11 @@ def _analyzable(covar: Kernel) -> bool:
     inner = covar.base_kernel if isinstance(covar, ScaleKernel) else covar
     return (isinstance(inner, (lazy_kernels.AdditiveStructureKernel, lazy_kernels.ProjectedAdditiveKernel))
             and not inner.batch_shape)
+
+
+def _learns_projections(kernel: str | Kernel) -> bool:
+    """Whether ``kernel`` (a name or a module) trains the directions of a projected kernel."""
+    if isinstance(kernel, str):
+        return kernel in LEARNED_PROJECTION_KERNELS
+    return isinstance(kernel, torch.nn.Module) and any(
+        isinstance(m, lazy_kernels.ProjectedAdditiveKernel) and m.projections.requires_grad for m in kernel.modules())

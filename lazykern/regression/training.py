@@ -377,7 +377,7 @@ def ard_noise_floor(
     r"""The noise variance ARD RBF fits exactly on ``size`` of the points: a lower bound for the noise of
     a kernel that can explain the noise (:func:`build_model`'s ``noise_floor``), such as learned
     projections, measured by a simpler model on the same data. ``fit_evaluate(noise_floor="ard")`` and
-    ``lazykern uci --noise-floor ard`` use it.
+    ``lazykern uci --noise-floor ard`` use it, and by default for kernels that train their directions.
 
     The fit is that of :func:`ard_scaled_directions` (the named ``rbf-ard`` kernel, L-BFGS, Cholesky, on
     a random subset of ``size`` points drawn with ``seed``, or on all of them where there are no more).
