@@ -292,7 +292,8 @@ class RegressionResult:
         warm_start_size: points of the exact fit training started from (:func:`warm_start`), or
             ``None`` when it started from the recipe's initialization.
         noise_floor: lower bound of the noise variance (``fit_evaluate(noise_floor=...)``; the value
-            measured where that was ``"ard"``), or ``None``.
+            measured where that was ``"ard"``, or ``"auto"`` for a kernel that trains its directions),
+            or ``None``.
         solver: ``"cholesky"`` or ``"cg"`` (conjugate gradients and Lanczos on lazy matvecs).
         rmse, nlpd: test RMSE and mean NLPD in the units of the targets given; the NLPD is NaN where
             LOVE's variances failed the check of the conjugate-gradient path (``interventions`` say so).
