@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="lower bound of the noise variance (standardized targets) of --kernel's model, for "
                          "kernels that can explain the noise, such as learned projections; 'ard': the noise ARD "
                          "RBF fits exactly on 1,000 of the training points (its seconds count as training); "
-                         f"'none': GPyTorch's 1e-4; --compare's models keep 1e-4 (default: 'ard' for "
+                         f"'none': GPyTorch's 1e-4; --compare's models keep 1e-4 (default 'auto': 'ard' for "
                          f"{', '.join(LEARNED_PROJECTION_KERNELS)}, 'none' for the others)")
         sub.add_argument("--seed", type=int, default=0, help="seed of subsampling and training (default 0)")
         sub.add_argument("--json", type=Path, default=None, metavar="PATH",
