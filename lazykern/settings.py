@@ -136,6 +136,30 @@ class structured_tolerance(_Setting):
         return 1e-10 if dtype == torch.float64 else float(torch.finfo(torch.float32).eps)
 
 
+class preconditioner_reuse(_Setting):
+    r"""How many of ``linear_operator``'s solves with :math:`K + D` one grid preconditioner serves
+    (:mod:`lazykern.operators.preconditioning`; default 1: each operator builds its own).
+
+    A training loop builds a new operator at every step, with hyperparameters that moved a little;
+    the preconditioner built a few steps earlier still fits it. Reusing it changes only how fast
+    conjugate gradients and stochastic Lanczos quadrature converge, never what they converge to
+    (:math:`\log|A| = \log|P| + \log|P^{-1} A|` holds for every :math:`P`), and saves building it,
+    which costs more than a step's products for sums of many terms. Within this context a grid is
+    kept per formula, number of points and dtype, and built again after ``value`` uses.
+
+    Example:
+        >>> with preconditioner_reuse(10):
+        ...     preconditioner_reuse.value()
+        10
+    """
+
+    _default = 1
+
+    @classmethod
+    def _validate(cls, value: Any) -> int:
+        return check_positive_int("lazykern.settings.preconditioner_reuse", value)
+
+
 class keops_min_size(_Setting):
     """Smallest number of points on *both* sides of a kernel matrix for which ``engine="auto"``
     uses KeOps when lazykern's CPU engine does not apply (default 512). Below it, compiling and

@@ -114,8 +114,6 @@ def test_fallbacks_keep_linear_operators_default():
     assert K.add_diagonal(noise).preconditioner_override is None
     with lo_settings.max_preconditioner_size(0), lo_settings.min_preconditioning_size(0):
         assert additive(2.5)(x).evaluate_kernel().add_diagonal(noise)._preconditioner() == (None, None, None)
-    wide = lazykern.AdditiveStructureKernel(lazykern.MaternKernel(nu=2.5), num_dims=13).double()
-    assert wide(torch.rand(300, 13, dtype=F64)).evaluate_kernel().add_diagonal(noise).preconditioner_override is None
 
 
 def test_first_order_interaction_kernels_take_their_terms_from_the_engine():
@@ -187,10 +185,53 @@ def test_predictions_form_no_train_by_test_matrix(monkeypatch):
     assert mean.shape == variance.shape == (200,) and bool((variance > 0).all())
 
 
-def test_rank_and_term_limits(points, monkeypatch):
+def test_rank_limit(points):
     x, scales, noise = points
     grid = AdditiveGrid(KERNELS[0], x, scales, noise, max_rank=40)
     v = torch.randn(300, 2, dtype=F64)
     assert grid.rank <= 40 and torch.allclose(grid.matmul(grid.solve(v)), v, atol=1e-10)  # still exact for its P
-    monkeypatch.setattr(grid_module, "MAX_TERMS", 2)
-    assert additive(2.5)(x).evaluate_kernel().add_diagonal(torch.tensor(0.1, dtype=F64)).preconditioner_override is None
+
+
+def test_projected_kernels_of_many_terms_get_the_grid():
+    """A sum of 96 one-dimensional terms (a projected kernel, J = 12 d): the grid on
+    linear_operator's path, solves to 1e-6 in a few iterations where CG alone needs many."""
+    x = torch.randn(1500, 8, dtype=F64)
+    kernel = lazykern.ProjectedAdditiveKernel(lazykern.MaternKernel(nu=2.5), 8, 96).double()
+    with torch.no_grad(), lo_settings.min_preconditioning_size(0):
+        A = kernel(x).evaluate_kernel().add_diagonal(torch.tensor(0.01, dtype=F64))
+        closure, P, _ = A._preconditioner()
+        assert isinstance(P, GridPreconditionerOperator)
+        b = torch.randn(1500, 2, dtype=F64)
+        _, pre = cg(A, b, precond=closure, tol=1e-6)
+        _, plain = cg(A, b, tol=1e-6)
+    assert bool(pre.converged.all()) and pre.iterations * 10 <= plain.iterations
+
+
+def test_reuse_serves_that_many_operators_then_builds_again(points):
+    x = torch.rand(600, 3, dtype=F64)
+    kernel = additive(2.5)
+    built = []
+    with torch.no_grad(), lo_settings.min_preconditioning_size(0), lazykern.settings.preconditioner_reuse(3):
+        for _ in range(7):
+            A = kernel(x).evaluate_kernel().add_diagonal(torch.tensor(0.01, dtype=F64))
+            built.append(A._preconditioner()[1].grid)
+    assert [len({id(g) for g in built[:k]}) for k in (3, 4, 6, 7)] == [1, 2, 2, 3]
+    with torch.no_grad(), lo_settings.min_preconditioning_size(0):  # outside the context: one each
+        grids = [kernel(x).evaluate_kernel().add_diagonal(torch.tensor(0.01, dtype=F64))._preconditioner()[1].grid
+                 for _ in range(2)]
+    assert grids[0] is not grids[1]
+
+
+@pytest.mark.parametrize("kernel", KERNELS[2:], ids=lambda k: f"{k.family}{k.nu or ''}")
+def test_posterior_variance_of_the_grid_model(points, kernel, monkeypatch):
+    """Against the variance of the grid's model written densely: the prior P - D, points beyond
+    the training inputs included (the grids span ``extent``)."""
+    x, scales, noise = points
+    new = torch.rand(25, 3, dtype=F64) * torch.tensor([10.0, 1.2, 34.0], dtype=F64) - 1.0
+    monkeypatch.setattr(grid_module, "KEPT_FRACTION", 0.0)
+    grid = AdditiveGrid(kernel, x, scales, noise, extent=new)
+    both = AdditiveGrid(kernel, torch.cat([x, new]), scales, torch.cat([noise, torch.ones(25, dtype=F64)]))
+    prior = both.dense() - torch.diag(both.noise)          # Phi Phi^T over the points and the new ones
+    cross, own = prior[300:, :300], prior[300:, 300:].diagonal()
+    exact = own - (cross * torch.linalg.solve(prior[:300, :300] + torch.diag(noise), cross.mT).mT).sum(1)
+    assert torch.allclose(grid.posterior_variance(new), exact, rtol=1e-8, atol=1e-10)

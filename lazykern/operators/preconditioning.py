@@ -29,24 +29,17 @@ from linear_operator import settings
 from linear_operator.operators import AddedDiagLinearOperator, LinearOperator
 from torch import Tensor
 
+from .. import settings as lazykern_settings
 from ..structured.grid import MAX_RANK, AdditiveGrid, additive_terms
 
-__all__ = ["PATH_MAX_TERMS", "GridPreconditionerOperator", "attach_grid_preconditioner", "grid_preconditioner"]
-
-#: On linear_operator's path the grid is given to sums of at most this many terms. There, stochastic
-#: Lanczos quadrature runs at least 20 CG iterations (``max_lanczos_quadrature_iterations``) whatever
-#: the preconditioner, so a training step gains only the iterations beyond those, and the grid must
-#: cost less than the products it saves: its build holds d^2 / 2 histograms of N entries each (UCI
-#: pol, d = 26: 2 s a training step against 0.5 s of products; GPyTorch #748's loop took 93 s instead
-#: of 11 s). With at most 12 terms the build costs about ten 11-column products.
-PATH_MAX_TERMS = 12
-
+__all__ = ["GridPreconditionerOperator", "attach_grid_preconditioner", "grid_preconditioner"]
 
 def _path_rank(n: int, dims: int) -> int:
-    r"""The most directions the grid keeps on linear_operator's path: with :math:`r^2 \le N d` an
-    application (a Cholesky solve with :math:`C`, :math:`r^2` a column) costs about one kernel
-    product; 256 at least, a factor that costs little whatever N."""
-    return min(MAX_RANK, max(256, math.isqrt(n * dims)))
+    r"""The most directions the grid keeps on linear_operator's path: with :math:`r^2 \le 16 N d` an
+    application (two triangular solves with :math:`C`, :math:`2 r^2` a column) costs about one kernel
+    product of the structured engine (a few dozen operations per point and term); 256 at least, a
+    factor that costs little whatever N."""
+    return min(MAX_RANK, max(256, 4 * math.isqrt(n * dims)))
 
 
 class GridPreconditionerOperator(LinearOperator):
@@ -92,6 +85,32 @@ class GridPreconditionerOperator(LinearOperator):
         return self.grid.sample(num_samples).mT.to(self.dtype)
 
 
+#: The grid last built under :class:`lazykern.settings.preconditioner_reuse`, by (formula, points,
+#: dtype): ``[uses left, (preconditioner operator, log-determinant)]``.
+_REUSED: dict[tuple, list] = {}
+
+
+def _reused_or_built(operator: AddedDiagLinearOperator) -> tuple[LinearOperator, Tensor]:
+    """The grid of a recent operator of the same formula, size and dtype while
+    :class:`lazykern.settings.preconditioner_reuse` allows it, else a new one."""
+    kernel = operator._linear_op
+    key = (kernel.covar_func, tuple(kernel.x1.shape), operator.dtype)
+    uses = lazykern_settings.preconditioner_reuse.value()
+    entry = _REUSED.get(key) if uses > 1 else None
+    if entry is not None and entry[0] > 0:
+        entry[0] -= 1
+        return entry[1]
+    one_dimensional, scales = additive_terms(kernel.covar_func, kernel.x1, kernel.tensor_params)
+    noise = operator._diag_tensor.diagonal(dim1=-2, dim2=-1).detach().expand(operator.size(-1))
+    with torch.no_grad():
+        grid = AdditiveGrid(one_dimensional, kernel.x1, scales.reshape(-1), noise, max_rank=_path_rank(*kernel.x1.shape))
+    built = (GridPreconditionerOperator(noise.contiguous(), grid=grid), torch.tensor(grid.logdet, dtype=operator.dtype))
+    _REUSED.clear()
+    if uses > 1:
+        _REUSED[key] = [uses - 1, built]
+    return built
+
+
 def grid_preconditioner(operator: AddedDiagLinearOperator) -> tuple[Callable | None, LinearOperator | None, Tensor | None]:
     r"""``linear_operator``'s preconditioner triple for :math:`K + D` with an additive lazykern
     kernel :math:`K`: :math:`v \mapsto P^{-1} v`, :math:`P` as a ``LinearOperator``, and
@@ -115,14 +134,7 @@ def grid_preconditioner(operator: AddedDiagLinearOperator) -> tuple[Callable | N
         return None, None, None
     cached = operator.__dict__.get("_lazykern_grid")
     if cached is None:
-        kernel = operator._linear_op
-        one_dimensional, scales = additive_terms(kernel.covar_func, kernel.x1, kernel.tensor_params)
-        noise = operator._diag_tensor.diagonal(dim1=-2, dim2=-1).detach().expand(operator.size(-1))
-        with torch.no_grad():
-            grid = AdditiveGrid(one_dimensional, kernel.x1, scales.reshape(-1), noise,
-                                max_rank=_path_rank(*kernel.x1.shape))
-        lt = GridPreconditionerOperator(noise.contiguous(), grid=grid)
-        cached = operator.__dict__["_lazykern_grid"] = (lt, torch.tensor(grid.logdet, dtype=operator.dtype))
+        cached = operator.__dict__["_lazykern_grid"] = _reused_or_built(operator)
     lt, logdet = cached
 
     def closure(rhs: Tensor) -> Tensor:
@@ -134,9 +146,8 @@ def grid_preconditioner(operator: AddedDiagLinearOperator) -> tuple[Callable | N
 
 def attach_grid_preconditioner(added: LinearOperator) -> LinearOperator:
     """``added`` with :func:`grid_preconditioner` as its preconditioner when it is
-    :math:`K + D` for a lazykern ``K(X, X)`` of a kernel the structured engine takes, of at most
-    :data:`PATH_MAX_TERMS` terms, without batch dimensions and with a positive noise diagonal;
-    otherwise ``added`` unchanged.
+    :math:`K + D` for a lazykern ``K(X, X)`` of a kernel the structured engine takes, without batch
+    dimensions and with a positive noise diagonal; otherwise ``added`` unchanged.
 
     Example:
         >>> import torch, lazykern
@@ -152,7 +163,7 @@ def attach_grid_preconditioner(added: LinearOperator) -> LinearOperator:
     kernel = added._linear_op
     if not (hasattr(kernel, "covar_func") and kernel.dim() == 2 and kernel._same_points()):
         return added
-    if kernel.x1.shape[-1] > PATH_MAX_TERMS or additive_terms(kernel.covar_func, kernel.x1, kernel.tensor_params) is None:
+    if additive_terms(kernel.covar_func, kernel.x1, kernel.tensor_params) is None:
         return added
     if any(p.shape[:-2].numel() != 1 for p in kernel.tensor_params.values()):
         return added
