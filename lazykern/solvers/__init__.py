@@ -4,7 +4,7 @@ Everything here needs only ``A @ X``, the diagonal and a few rows of an operator
 kernel operator is never formed as an N x N matrix.
 """
 
-from .cg import CGResult, cg
+from .cg import CGResult, cg, lanczos_logdet
 from .kernel_ridge import KernelRidge
 from .preconditioners import GridPreconditioner, JacobiPreconditioner, PivotedCholeskyPreconditioner, Preconditioner
 
@@ -16,4 +16,5 @@ __all__ = [
     "PivotedCholeskyPreconditioner",
     "Preconditioner",
     "cg",
+    "lanczos_logdet",
 ]
