@@ -116,9 +116,10 @@ def component_analysis(
         model: an exact GP (one input tensor, no batch) whose ``covar_module`` is a
             :class:`~lazykern.kernels.NewtonGirardAdditiveKernel`,
             :class:`~lazykern.kernels.OrthogonalAdditiveKernel`,
-            :class:`~lazykern.kernels.AdditiveStructureKernel` or
+            :class:`~lazykern.kernels.AdditiveStructureKernel` (or GPyTorch's) or
             :class:`~lazykern.kernels.ProjectedAdditiveKernel` (one component per projection), optionally
-            inside a ``ScaleKernel``.
+            inside a ``ScaleKernel``: a kernel with first-order components
+            (:attr:`~lazykern.kernels.base.LazyKernel.component_axes`).
         grid_size: points T along each axis.
         variance_max_n: compute component variances (one dense Cholesky factor, O(N²) memory) up
             to this many training points; above it ``variance`` is ``None``.
@@ -137,8 +138,8 @@ def component_analysis(
     kernel, scale = family_of(model.covar_module)
     if kernel is None or kernel.component_axes is None or kernel.batch_shape:
         raise TypeError("component_analysis needs a covar_module that is a (ScaleKernel of a) non-batch "
-                        "NewtonGirardAdditiveKernel, OrthogonalAdditiveKernel, AdditiveStructureKernel or "
-                        f"ProjectedAdditiveKernel, got {type(model.covar_module).__name__}")
+                        "NewtonGirardAdditiveKernel, OrthogonalAdditiveKernel, AdditiveStructureKernel (lazykern's "
+                        f"or GPyTorch's) or ProjectedAdditiveKernel, got {type(model.covar_module).__name__}")
     outer = 1.0 if scale is None else scale.outputscale
     inputs = model.train_inputs[0]
     if inputs.dim() != 2:

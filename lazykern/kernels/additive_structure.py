@@ -74,7 +74,7 @@ class AdditiveStructureKernel(WeightedTermsKernel):
 
     @property
     def component_axes(self) -> str:
-        """``"inputs"``: a term per input dimension."""
+        """A term per input dimension, so ``"inputs"``."""
         return "inputs"
 
     def first_order_terms(

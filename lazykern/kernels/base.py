@@ -124,10 +124,10 @@ class LazyKernel(LazyKernelMixin, Kernel):
 
     @property
     def lengthscale_kernel(self) -> Kernel | None:
-        """The module whose ``lengthscale`` the kernel's terms divide their inputs by: the kernel
-        itself for a full-dimensional kernel, the base kernel of a sum of terms
-        (:class:`WeightedTermsKernel`), ``None`` for a kernel without lengthscales. Initialisations
-        and priors set the lengthscales there.
+        """The module whose ``lengthscale`` the kernel's terms divide their inputs by, where
+        initialisations and priors set the lengthscales. The default is the kernel itself (a
+        full-dimensional kernel; ``None`` for one without lengthscales); a sum of terms
+        (:class:`WeightedTermsKernel`) has its base kernel.
 
         Example:
             >>> import lazykern
@@ -393,7 +393,7 @@ class WeightedTermsKernel(LazyKernel):
 
     @property
     def lengthscale_kernel(self) -> Kernel:
-        """The base kernel: its hyperparameters are the ones every term reads."""
+        """The base kernel, whose hyperparameters every term reads."""
         return self.base_kernel
 
     @property

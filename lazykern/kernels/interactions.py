@@ -147,7 +147,7 @@ class NewtonGirardAdditiveKernel(AdditiveStructureKernel):
 
     @property
     def order_variances(self) -> Tensor:
-        """:attr:`outputscale`; setting it sets those."""
+        """The order variances are :attr:`outputscale`; setting one sets the other."""
         return self.outputscale
 
     @order_variances.setter

@@ -209,7 +209,7 @@ class ProjectedAdditiveKernel(WeightedTermsKernel):
 
     @property
     def component_axes(self) -> str:
-        """``"projections"``: a term per projection :math:`w_j^\\top x`."""
+        """A term per projection :math:`w_j^\\top x`, so ``"projections"``."""
         return "projections"
 
     def component_coordinates(self, x: Tensor) -> Tensor:
