@@ -39,9 +39,11 @@ except ImportError:
 
 @pytest.fixture(autouse=True)
 def _library_defaults(request):
-    """BoTorch's defaults for BoTorch's tests, GPyTorch's for every other one."""
-    path = os.path.basename(str(getattr(request.node, "path", "")))
-    values = _BOTORCH_DEFAULTS if "botorch" in path else _GPYTORCH_DEFAULTS
+    """BoTorch's defaults for BoTorch's tests (a file named for it, or a module of ``lazykern.botorch``),
+    GPyTorch's for every other one."""
+    path = str(getattr(request.node, "path", ""))
+    named = "botorch" in os.path.basename(path) or os.path.basename(os.path.dirname(path)) == "botorch"
+    values = _BOTORCH_DEFAULTS if named else _GPYTORCH_DEFAULTS
     for (setting, attr), value in zip(_BOTORCH_CHANGES, values):
         setattr(setting, attr, value)
     yield

@@ -325,7 +325,7 @@ def _lognormal(kernel_module: gpytorch.Module, name: str) -> tuple[torch.Tensor,
     return prior.loc, prior.scale
 
 
-@pytest.mark.parametrize("kind", ["additive", "groups", "orders", "gpytorch"])
+@pytest.mark.parametrize("kind", ["additive", "groups", "orders", "projected", "gpytorch"])
 def test_additive_priors_follow_the_dimensions_of_each_term(kind: str) -> None:
     """BoTorch's lengthscale prior, LogNormal(sqrt 2 + log(k) / 2, sqrt 3), for terms on k dimensions; the
     weights' priors give the sum a median variance of 1; lengthscales start at the prior's mode."""
@@ -341,6 +341,9 @@ def test_additive_priors_follow_the_dimensions_of_each_term(kind: str) -> None:
         inner = lazykern.NewtonGirardAdditiveKernel(lazykern.RBFKernel(ard_num_dims=num_dims), num_dims=num_dims,
                                                     max_degree=2)
         term_dims = [2, 2, 2, 2]
+    elif kind == "projected":  # J = 6 one-dimensional terms on projections; one shared base lengthscale
+        inner = lazykern.ProjectedAdditiveKernel(lazykern.RBFKernel(), num_dims=num_dims, num_projections=6)
+        term_dims = [1]
     else:
         inner, term_dims = gpytorch.kernels.AdditiveStructureKernel(gpytorch.kernels.RBFKernel(), num_dims), [1]
     kernel = gpytorch.kernels.ScaleKernel(inner).double()
@@ -350,7 +353,7 @@ def test_additive_priors_follow_the_dimensions_of_each_term(kind: str) -> None:
     torch.testing.assert_close(loc.to(DTYPE), expected_loc, rtol=1e-15, atol=1e-15)
     torch.testing.assert_close(scale.to(DTYPE), torch.full_like(expected_loc, math.sqrt(3)), rtol=1e-15, atol=0)
     torch.testing.assert_close(inner.base_kernel.lengthscale.detach().flatten(), (expected_loc - 3).exp())
-    terms = {"additive": 4, "groups": 3, "gpytorch": 4}.get(kind)
+    terms = {"additive": 4, "groups": 3, "projected": 6, "gpytorch": 4}.get(kind)
     if kind == "orders":
         assert float(_lognormal(inner, "outputscale")[0]) == pytest.approx(-math.log(2), abs=1e-15)
         torch.testing.assert_close(inner.outputscale.detach(), torch.full((2,), 0.5, dtype=DTYPE))

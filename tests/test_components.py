@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import gpytorch
 import pytest
 import torch
 
@@ -350,3 +351,22 @@ def test_first_order_models_total_effect_is_the_first_order_share(name, options)
     shares = at_train.var(-1) / at_train.sum(0).var()
     assert torch.allclose(result.dimension_shares, shares, atol=1e-10)
     assert result.order_shares.tolist() == [1.0]
+
+
+def test_gpytorch_additive_kernel_is_analysed_as_lazykerns():
+    """GPyTorch's AdditiveStructureKernel is described by lazykern's (lazykern.kernels.family_of): its
+    components are those of lazykern's kernel with the same hyperparameters."""
+    n, d = 40, 3
+    generator = torch.Generator().manual_seed(6)
+    x = torch.randn(n, d, dtype=torch.float64, generator=generator)
+    y = torch.sin(x[:, 0]) + 0.3 * x[:, 1] + 0.1 * torch.randn(n, dtype=torch.float64, generator=generator)
+    results = []
+    for kernel in (gpytorch.kernels.AdditiveStructureKernel(gpytorch.kernels.RBFKernel(), num_dims=d),
+                   lazykern.AdditiveStructureKernel(lazykern.RBFKernel(), num_dims=d)):
+        kernel.base_kernel.lengthscale = 0.8
+        model, _ = build_model(x, y, gpytorch.kernels.ScaleKernel(kernel))
+        with settings.engine("torch"):
+            results.append(component_analysis(model, grid_size=5))
+    assert results[0].axes == "inputs" and results[0].total_kind == "first-order"
+    for name in ("mean", "variance", "dimension_shares", "total_effects"):
+        torch.testing.assert_close(getattr(results[0], name), getattr(results[1], name))

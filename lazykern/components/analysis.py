@@ -12,15 +12,13 @@ from typing import Any
 
 import gpytorch
 import torch
-from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor
 
 from .. import backend
 from ..formulas.interactions import InteractionFormula, orthogonal_rbf_l2_features
 from ..formulas.stationary import StationaryFormula
-from ..kernels import AdditiveStructureKernel, NewtonGirardAdditiveKernel, OrthogonalAdditiveKernel, \
-    ProjectedAdditiveKernel
-from ..kernels.stationary import formula_for, formula_inputs
+from ..kernels import OrthogonalAdditiveKernel, family_of
+from ..kernels.base import LazyKernel
 from ..validation import check_positive_int
 from .vocabulary import ranking
 
@@ -86,36 +84,14 @@ class ComponentAnalysis:
         return ranking(self.total_effects.tolist(), self.dimension_shares.tolist())
 
 
-def _unwrap(covar: Kernel) -> tuple[Kernel, Tensor | float]:
-    if isinstance(covar, ScaleKernel):
-        return covar.base_kernel, covar.outputscale
-    return covar, 1.0
-
-
-def _first_order(kernel: Kernel, outer: Tensor | float, t: Tensor, x: Tensor):
+def _first_order(kernel: LazyKernel, outer: Tensor | float, t: Tensor, x: Tensor):
     """Per-component 1-D problems of the first-order terms between points ``t`` and training inputs
-    ``x`` (along the components' axes: a projected kernel's projected coordinates): the formula,
-    ``(D, T, F)`` and ``(D, N, F)`` inputs, params. Both sides are transformed together: the
-    stationary kernels' inputs are centred on a shift taken from both, so a grid transformed on its
-    own would be shifted against the training inputs."""
-    d = t.shape[-1]
-    if isinstance(kernel, OrthogonalAdditiveKernel):
-        sides = kernel.formula_arguments(t, x)[:2]  # (*, 5D): [u, g(u), a(u), log a(u), m]
-        sides = [side.reshape(side.shape[0], 5, d).permute(2, 0, 1) for side in sides]  # (D, *, 5)
-        formula, params = InteractionFormula(StationaryFormula("rbf"), 1, kind="orthogonal"), {}
-    else:
-        t_, x_, params = formula_inputs(kernel.base_kernel, t, x)
-        sides = [side.transpose(0, 1).unsqueeze(-1) for side in (t_, x_)]  # (D, *, 1)
-        formula = InteractionFormula(formula_for(kernel.base_kernel, additive=False), 1)
-        # (*, 1, D) per-dimension parameters become a batch of D; shared ones broadcast.
-        params = {n: p.reshape(-1, 1, 1) if p.shape[-1] == d else p.reshape(1, 1, -1) for n, p in params.items()}
-    if isinstance(kernel, NewtonGirardAdditiveKernel):
-        weight = kernel.outputscale[..., 0] / d * kernel.term_scales().reshape(-1)
-    else:
-        weight = kernel.component_scales.reshape(-1)
-    weight = (outer * weight).reshape(d, 1, 1)
-    params = {**params, "order_variances": weight, "scales": torch.ones_like(weight)}
-    return formula, *sides, params
+    ``x`` (along the components' axes: a projected kernel's projected coordinates), the output scale
+    ``outer`` multiplied in: the formula, ``(D, T, F)`` and ``(D, N, F)`` inputs, params. Both sides
+    are transformed together: the stationary kernels' inputs are centred on a shift taken from both,
+    so a grid transformed on its own would be shifted against the training inputs."""
+    formula, t_dims, x_dims, params = kernel.first_order_terms(t, x)
+    return formula, t_dims, x_dims, {**params, "order_variances": outer * params["order_variances"]}
 
 
 def _mean_solve(model: gpytorch.models.ExactGP) -> Tensor:
@@ -140,9 +116,10 @@ def component_analysis(
         model: an exact GP (one input tensor, no batch) whose ``covar_module`` is a
             :class:`~lazykern.kernels.NewtonGirardAdditiveKernel`,
             :class:`~lazykern.kernels.OrthogonalAdditiveKernel`,
-            :class:`~lazykern.kernels.AdditiveStructureKernel` or
+            :class:`~lazykern.kernels.AdditiveStructureKernel` (or GPyTorch's) or
             :class:`~lazykern.kernels.ProjectedAdditiveKernel` (one component per projection), optionally
-            inside a ``ScaleKernel``.
+            inside a ``ScaleKernel``: a kernel with first-order components
+            (:attr:`~lazykern.kernels.base.LazyKernel.component_axes`).
         grid_size: points T along each axis.
         variance_max_n: compute component variances (one dense Cholesky factor, O(N²) memory) up
             to this many training points; above it ``variance`` is ``None``.
@@ -158,19 +135,19 @@ def component_analysis(
     """
     check_positive_int("grid_size", grid_size)
     check_positive_int("effect_points", effect_points)
-    kernel, outer = _unwrap(model.covar_module)
-    if not isinstance(kernel, (AdditiveStructureKernel, ProjectedAdditiveKernel)) or kernel.batch_shape:
+    kernel, scale = family_of(model.covar_module)
+    if kernel is None or kernel.component_axes is None or kernel.batch_shape:
         raise TypeError("component_analysis needs a covar_module that is a (ScaleKernel of a) non-batch "
-                        "NewtonGirardAdditiveKernel, OrthogonalAdditiveKernel, AdditiveStructureKernel or "
-                        f"ProjectedAdditiveKernel, got {type(model.covar_module).__name__}")
+                        "NewtonGirardAdditiveKernel, OrthogonalAdditiveKernel, AdditiveStructureKernel (lazykern's "
+                        f"or GPyTorch's) or ProjectedAdditiveKernel, got {type(model.covar_module).__name__}")
+    outer = 1.0 if scale is None else scale.outputscale
     inputs = model.train_inputs[0]
     if inputs.dim() != 2:
         raise ValueError(f"component_analysis needs (n, d) training inputs, got shape {tuple(inputs.shape)}")
     alpha = _mean_solve(model)
     with torch.no_grad():
         # Every component is a function of one coordinate: an input, or a projection w_j^T x.
-        projected = isinstance(kernel, ProjectedAdditiveKernel)
-        x = kernel.project(inputs) if projected else inputs
+        x = kernel.component_coordinates(inputs)
         lo, hi = x.min(0).values, x.max(0).values
         steps = torch.linspace(0, 1, grid_size, dtype=x.dtype, device=x.device).unsqueeze(-1)
         grid = lo + steps * (hi - lo)  # (T, D)
@@ -192,14 +169,14 @@ def component_analysis(
               if not torch.isfinite(v).all()]
     if broken:
         warnings.warn(f"component_analysis: the {', '.join(broken)} are not all finite (lengthscales "
-                      f"{kernel.base_kernel.lengthscale.detach().reshape(-1).tolist()}); read them as unknown",
+                      f"{kernel.lengthscale_kernel.lengthscale.detach().reshape(-1).tolist()}); read them as unknown",
                       RuntimeWarning, stacklevel=2)
     constant = getattr(model.mean_module, "constant", None)
     return ComponentAnalysis(grid=grid, mean=(cross - offsets.unsqueeze(-1)).T, variance=variance,
                              offsets=offsets, constant=0.0 if constant is None else float(constant.detach()),
                              order_shares=orders, dimension_shares=dims, total_effects=totals,
                              total_effects_se=errors, kind=kind, total_kind=total_kind, train_x=x.detach(),
-                             axes="projections" if projected else "inputs")
+                             axes=kernel.component_axes)
 
 
 def _variance(model, formula, t_dims: Tensor, x_dims: Tensor, params: dict[str, Tensor], means: Tensor) -> Tensor:
@@ -218,16 +195,17 @@ def _variance(model, formula, t_dims: Tensor, x_dims: Tensor, params: dict[str, 
 
 def _shares(kernel, outer, x, at_train, alpha):
     """``at_train`` (D, N): each first-order component at the training inputs."""
-    if isinstance(kernel, OrthogonalAdditiveKernel):
+    if kernel.input_measure is not None:
         return _sobol(kernel, outer, x, alpha)
     # Empirical: variance over (evenly spaced) training inputs of each order's and each dimension's component.
     rows = torch.linspace(0, x.shape[0] - 1, min(x.shape[0], SHARE_POINTS), device=x.device).round().long()
     first = at_train[:, rows]  # (D, S)
-    if isinstance(kernel, NewtonGirardAdditiveKernel):
-        r = kernel.max_degree
+    orders = kernel.order_variances
+    if orders is not None:
+        r = orders.shape[-1]
         x_, _, base_params = kernel.formula_arguments(x, x)
-        order_params = {**base_params, "scales": kernel.term_scales(),
-                        "order_variances": (outer * torch.diag_embed(kernel.outputscale)).reshape(r, 1, r)}
+        # One order variance per batch member: the formula's sum over orders becomes a batch of R.
+        order_params = {**base_params, "order_variances": (outer * torch.diag_embed(orders)).reshape(r, 1, r)}
         by_order = backend.pairwise_matmul(kernel.formula, x_[rows], x_, order_params, alpha.unsqueeze(-1))  # (R, S, 1)
         order_var = by_order.squeeze(-1).var(-1)
     else:
@@ -241,9 +219,10 @@ def _shares(kernel, outer, x, at_train, alpha):
 def _total_effects(model, kernel, x: Tensor, alpha: Tensor, totals: Tensor, s: int):
     """``(total_effects, standard errors or None, total_kind)``: OAK's and a first-order model's as
     :func:`_shares` computed them, Newton–Girard's by Jansen's pick-freeze estimator."""
-    if isinstance(kernel, OrthogonalAdditiveKernel):
+    if kernel.input_measure is not None:
         return totals, None, "sobol"
-    if getattr(kernel, "max_degree", 1) == 1:
+    orders = kernel.order_variances
+    if orders is None or orders.shape[-1] == 1:
         return totals, None, "first-order"
     n, d = x.shape
     # A private generator: the analysis gives the same numbers on every call and leaves the user's

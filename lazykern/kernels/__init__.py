@@ -4,6 +4,7 @@ only KeOps): :class:`~lazykern.kernels.base.LazyKernel` is their base."""
 from .additive_structure import AdditiveStructureKernel
 from .base_kernels import MaternKernel, PeriodicKernel, RBFKernel, RQKernel
 from .combination import ProductKernel
+from .families import family_of
 from .interactions import GroupAdditiveKernel, NewtonGirardAdditiveKernel, OrthogonalAdditiveKernel
 from .projected import ProjectedAdditiveKernel
 
@@ -18,4 +19,5 @@ __all__ = [
     "ProjectedAdditiveKernel",
     "RBFKernel",
     "RQKernel",
+    "family_of",
 ]

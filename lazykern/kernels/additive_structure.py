@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import torch
 from gpytorch.constraints import Interval
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
+from ..formulas.interactions import InteractionFormula
 from .base import WeightedTermsKernel
 from .stationary import formula_for, formula_inputs
 
@@ -66,6 +68,21 @@ class AdditiveStructureKernel(WeightedTermsKernel):
     def formula_arguments(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         return additive_formula_arguments(self, x1, x2)
 
+    def lengthscale_widths(self, num_dims: int) -> tuple[int, ...]:
+        """One-dimensional terms: width 1 for each dimension."""
+        return (1,) * (num_dims if self.num_dims is None else self.num_dims)
+
+    @property
+    def component_axes(self) -> str:
+        """A term per input dimension, so ``"inputs"``."""
+        return "inputs"
+
+    def first_order_terms(
+        self, x1: Tensor, x2: Tensor
+    ) -> tuple[InteractionFormula, Tensor, Tensor, dict[str, Tensor]]:
+        r"""The terms :math:`s_d\, k_{\text{base}}(x_d, x'_d)` (the whole kernel)."""
+        return one_dimensional_terms(self.base_kernel, x1, x2, self.component_scales)
+
 
 def additive_formula_arguments(
     kernel: WeightedTermsKernel, x1: Tensor, x2: Tensor
@@ -79,6 +96,25 @@ def additive_formula_arguments(
     scales = kernel.component_scales.to(x1_.dtype)
     tensor_params["scales"] = scales.expand(*scales.shape[:-1], x1.shape[-1])
     return x1_, x2_, tensor_params
+
+
+def one_dimensional_terms(
+    base_kernel: Kernel, x1: Tensor, x2: Tensor, weights: Tensor
+) -> tuple[InteractionFormula, Tensor, Tensor, dict[str, Tensor]]:
+    r"""The terms :math:`c_d\, k_{\text{base}}(x_d, x'_d)`, :math:`d = 1..D`, as a batch of :math:`D`
+    one-dimensional kernels (see :meth:`~lazykern.kernels.base.LazyKernel.first_order_terms`, which
+    :class:`AdditiveStructureKernel`, :class:`~lazykern.kernels.NewtonGirardAdditiveKernel` and
+    :class:`~lazykern.kernels.ProjectedAdditiveKernel` return through it) for ``(N, D)`` and
+    ``(M, D)`` inputs and weights :math:`c` ``(1, 1 or D)``."""
+    d = x1.shape[-1]
+    # Both sides transformed together: the inputs are centred on a shift taken from both.
+    x1_, x2_, params = formula_inputs(base_kernel, x1, x2)
+    sides = [side.transpose(0, 1).unsqueeze(-1) for side in (x1_, x2_)]  # (D, *, 1)
+    # (*, 1, D) per-dimension parameters become a batch of D; shared ones broadcast.
+    params = {n: p.reshape(-1, 1, 1) if p.shape[-1] == d else p.reshape(1, 1, -1) for n, p in params.items()}
+    weights = weights.expand(*weights.shape[:-1], d).reshape(d, 1, 1)
+    params.update(order_variances=weights, scales=torch.ones_like(weights))
+    return InteractionFormula(formula_for(base_kernel, additive=False), 1), *sides, params
 
 
 def _implied_num_dims(base_kernel: Kernel, active_dims: tuple[int, ...] | None) -> int | None:

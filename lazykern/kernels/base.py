@@ -113,6 +113,177 @@ class LazyKernel(LazyKernelMixin, Kernel):
         that fixed it (for the message), and the hyperparameters' dtype (inputs promote with it)."""
         raise NotImplementedError
 
+    # What a kernel family knows about itself, asked by initialisations, priors, random features and
+    # the component analysis: the defaults describe one full-dimensional term (an ARD kernel); each
+    # family overrides what differs.
+
+    #: The measure under which the kernel's components are orthogonal
+    #: (:class:`~lazykern.kernels.OrthogonalAdditiveKernel`: ``"gaussian"``), which gives closed-form
+    #: Sobol indices; ``None`` for a kernel whose components are not orthogonal.
+    input_measure: str | None = None
+
+    @property
+    def lengthscale_kernel(self) -> Kernel | None:
+        """The module whose ``lengthscale`` the kernel's terms divide their inputs by, where
+        initialisations and priors set the lengthscales. The default is the kernel itself (a
+        full-dimensional kernel; ``None`` for one without lengthscales); a sum of terms
+        (:class:`WeightedTermsKernel`) has its base kernel.
+
+        Example:
+            >>> import lazykern
+            >>> ard = lazykern.RBFKernel(ard_num_dims=3)
+            >>> additive = lazykern.AdditiveStructureKernel(ard, num_dims=3)
+            >>> ard.lengthscale_kernel is ard, additive.lengthscale_kernel is ard
+            (True, True)
+        """
+        return self if self.has_lengthscale else None
+
+    def lengthscale_widths(self, num_dims: int) -> tuple[int, ...]:
+        r"""For each coordinate the terms' lengthscales act on, the number of dimensions
+        :math:`w_c = \max_{t \ni c} |G_t|` of the widest term :math:`t` that contains it.
+
+        A term over :math:`w` standardized dimensions sees distances of about :math:`\sqrt w`: what a
+        dimension-aware lengthscale initialisation and BoTorch's dimension-scaled lengthscale prior
+        read. The default is one term over all :math:`d` inputs (an ARD kernel): :math:`w_c = d`.
+
+        Args:
+            num_dims: the number of input dimensions d the kernel sees (read where the kernel does
+                not fix its own).
+
+        Returns:
+            One width per coordinate of :attr:`lengthscale_kernel`'s lengthscale: per input dimension,
+            or per projection for :class:`~lazykern.kernels.ProjectedAdditiveKernel`.
+
+        Example:
+            >>> import lazykern
+            >>> lazykern.RBFKernel(ard_num_dims=3).lengthscale_widths(3)
+            (3, 3, 3)
+            >>> lazykern.GroupAdditiveKernel(lazykern.RBFKernel(), groups=[(0, 1), (1, 2, 3)]).lengthscale_widths(4)
+            (2, 3, 3, 3)
+        """
+        return (num_dims,) * num_dims
+
+    def per_input_lengthscale(self) -> tuple[Kernel, str]:
+        """Where the lengthscales that divide the input columns live, as ``(module, attribute)``:
+        ``getattr(module, attribute)`` is ``(..., 1, d)`` with one per input column, ``(..., 1, 1)``
+        where one is shared, or ``None`` where the kernel has none. The default:
+        :attr:`lengthscale_kernel`'s ``lengthscale``, as the terms read the input columns themselves.
+
+        Example:
+            >>> import lazykern
+            >>> kernel = lazykern.ProjectedAdditiveKernel(lazykern.RBFKernel(), num_dims=3, num_projections=5,
+            ...                                           input_lengthscales=True)
+            >>> module, name = kernel.per_input_lengthscale()
+            >>> name, getattr(module, name).shape
+            ('input_lengthscale', torch.Size([1, 3]))
+        """
+        return self.lengthscale_kernel, "lengthscale"
+
+    @property
+    def variance_weights(self) -> tuple[str, int] | None:
+        r"""The hyperparameter that shares the kernel's prior variance among its terms, and its number
+        of entries :math:`T`: for :math:`k = \sum_t w_t k_t` with terms of unit variance,
+        :math:`k(x, x) = \sum_t w_t`, so :math:`w_t = 1/T` gives the sum unit variance.
+        ``("component_scales", T)`` for a sum of weighted terms, ``("outputscale", R)`` for the order
+        variances of an interaction kernel; ``None`` (the default) for one term, whose variance is a
+        ``ScaleKernel``'s.
+
+        Example:
+            >>> import lazykern
+            >>> lazykern.GroupAdditiveKernel(lazykern.RBFKernel(), groups=[(0,), (0, 1)]).variance_weights
+            ('component_scales', 2)
+            >>> lazykern.RBFKernel().variance_weights is None
+            True
+        """
+        return None
+
+    @property
+    def order_variances(self) -> Tensor | None:
+        r"""The variance :math:`\sigma_r^2` of each interaction order :math:`r = 1..R`, shape
+        ``(*batch_shape, R)``, where the kernel is a sum over orders
+        (:class:`~lazykern.kernels.NewtonGirardAdditiveKernel`); ``None`` (the default) otherwise.
+
+        Example:
+            >>> import lazykern
+            >>> lazykern.OrthogonalAdditiveKernel(num_dims=4, max_degree=2).order_variances.detach()
+            tensor([0.5000, 0.5000])
+            >>> lazykern.RBFKernel().order_variances is None
+            True
+        """
+        return None
+
+    @property
+    def component_axes(self) -> str | None:
+        r"""What the kernel's first-order components are functions of, where it is a sum with one
+        (:mod:`lazykern.components` analyses it): ``"inputs"`` (component :math:`d` a function of
+        :math:`x_d`) or ``"projections"`` (component :math:`j` a function of :math:`w_j^\top x`);
+        ``None`` (the default) for a kernel without first-order components.
+
+        Example:
+            >>> import lazykern
+            >>> lazykern.OrthogonalAdditiveKernel(num_dims=3).component_axes, lazykern.RBFKernel().component_axes
+            ('inputs', None)
+        """
+        return None
+
+    def component_coordinates(self, x: Tensor) -> Tensor:
+        """The coordinates of ``x`` (``(..., N, d)``) that the first-order components are functions of,
+        ``(..., N, D)``: the inputs themselves (the default), or their projections for
+        :class:`~lazykern.kernels.ProjectedAdditiveKernel` (:meth:`~lazykern.kernels.ProjectedAdditiveKernel.project`).
+
+        Example:
+            >>> import torch, lazykern
+            >>> lazykern.AdditiveStructureKernel(lazykern.RBFKernel(), num_dims=3).component_coordinates(
+            ...     torch.randn(10, 3)).shape
+            torch.Size([10, 3])
+        """
+        return x
+
+    def first_order_terms(self, x1: Tensor, x2: Tensor) -> tuple[object, Tensor, Tensor, dict[str, Tensor]]:
+        r"""The kernel's first-order part :math:`\sum_{d=1}^D c_d\, k_d(u_d, u'_d)` as a batch of
+        :math:`D` one-dimensional kernels in one formula: ``(formula, u1, u2, params)`` such that
+        ``lazykern.backend.pairwise_dense(formula, u1, u2, params)`` is the ``(D, N, M)`` stack of the
+        weighted terms :math:`c_d k_d`. For a first-order kernel their sum is the kernel matrix. The
+        weights :math:`c_d` are ``params["order_variances"]`` (``(D, 1, 1)``): scaling them scales
+        the terms.
+
+        Args:
+            x1, x2: ``(N, D)`` and ``(M, D)`` points in :meth:`component_coordinates` (a kernel
+                without batch shape).
+
+        Returns:
+            The formula, the two batches of one-dimensional inputs ``(D, N, F)`` and ``(D, M, F)``,
+            and the tensor parameters.
+
+        Raises:
+            TypeError: for a kernel without first-order components (:attr:`component_axes` ``None``).
+
+        Example:
+            >>> import torch, lazykern
+            >>> from lazykern import backend
+            >>> kernel = lazykern.AdditiveStructureKernel(lazykern.RBFKernel(ard_num_dims=3), num_dims=3).double()
+            >>> x = torch.randn(6, 3, dtype=torch.float64)
+            >>> terms = backend.pairwise_dense(*kernel.first_order_terms(x, x))   # one matrix per dimension
+            >>> terms.shape, torch.allclose(terms.sum(0), kernel(x).to_dense())
+            (torch.Size([3, 6, 6]), True)
+        """
+        raise TypeError(f"{type(self).__name__} has no first-order components")
+
+    @property
+    def learns_projections(self) -> bool:
+        """Whether training moves the directions the kernel projects its inputs onto
+        (:class:`~lazykern.kernels.ProjectedAdditiveKernel` built with ``learn_projections=True``);
+        ``False`` (the default) for a kernel without projections.
+
+        Example:
+            >>> import lazykern
+            >>> kernel = lazykern.ProjectedAdditiveKernel(lazykern.RBFKernel(), num_dims=3, num_projections=4,
+            ...                                           learn_projections=True)
+            >>> kernel.learns_projections, lazykern.RBFKernel().learns_projections
+            (True, False)
+        """
+        return False
+
     def forward(
         self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params
     ) -> LazyKernelOperator | Tensor:
@@ -219,6 +390,17 @@ class WeightedTermsKernel(LazyKernel):
             raise AttributeError("component_scales is fixed to 1: construct with component_scales=True")
         value = torch.as_tensor(value).to(self.raw_component_scales)
         self.initialize(raw_component_scales=self.raw_component_scales_constraint.inverse_transform(value))
+
+    @property
+    def lengthscale_kernel(self) -> Kernel:
+        """The base kernel, whose hyperparameters every term reads."""
+        return self.base_kernel
+
+    @property
+    def variance_weights(self) -> tuple[str, int]:
+        """The term weights :attr:`component_scales`, one per term (one where any number of
+        dimensions is taken)."""
+        return "component_scales", self._num_terms or 1
 
     def _dtype(self) -> torch.dtype:
         """The hyperparameters' dtype: the base kernel's, whose hyperparameters are the ones trained."""

@@ -24,7 +24,7 @@ from ..validation import (
     check_positive_int,
     check_positive_int_at_most,
 )
-from .additive_structure import AdditiveStructureKernel
+from .additive_structure import AdditiveStructureKernel, one_dimensional_terms
 from .base import WeightedTermsKernel
 from .base_kernels import RBFKernel
 from .stationary import formula_for, formula_inputs
@@ -135,6 +135,35 @@ class NewtonGirardAdditiveKernel(AdditiveStructureKernel):
         """The factors :math:`s_d` applied to the per-dimension terms, ``(*batch_shape, 1, num_dims)``."""
         return self.component_scales
 
+    def lengthscale_widths(self, num_dims: int) -> tuple[int, ...]:
+        """Each dimension's lengthscale is shared by the products of every order: the widest has
+        ``max_degree`` factors."""
+        return (self.max_degree,) * self.num_dims
+
+    @property
+    def variance_weights(self) -> tuple[str, int]:
+        """The order variances (:attr:`outputscale`), one per order."""
+        return "outputscale", self.max_degree
+
+    @property
+    def order_variances(self) -> Tensor:
+        """The order variances are :attr:`outputscale`; setting one sets the other."""
+        return self.outputscale
+
+    @order_variances.setter
+    def order_variances(self, value: Tensor | float | Sequence[float]) -> None:
+        self._set_outputscale(value)
+
+    def first_order_terms(
+        self, x1: Tensor, x2: Tensor
+    ) -> tuple[InteractionFormula, Tensor, Tensor, dict[str, Tensor]]:
+        r"""Order 1, :math:`\frac{\sigma_1^2}{D} \sum_d s_d\, k_{\text{base}}(x_d, x'_d)`."""
+        return one_dimensional_terms(self.base_kernel, x1, x2, self._first_order_weights())
+
+    def _first_order_weights(self) -> Tensor:
+        """:math:`\\sigma_1^2 / D` times each term's factor, ``(*batch_shape, 1, num_dims)``."""
+        return self.outputscale[..., :1].unsqueeze(-2) / self.num_dims * self.term_scales()
+
 
 class OrthogonalAdditiveKernel(NewtonGirardAdditiveKernel):
     r"""Orthogonal additive kernel (OAK; Lu, Boukouvalas & Hensman, 2022), lazily.
@@ -232,6 +261,18 @@ class OrthogonalAdditiveKernel(NewtonGirardAdditiveKernel):
         x1_ = features(x1)
         return x1_, x1_ if x2 is x1 else features(x2), {}
 
+    def first_order_terms(
+        self, x1: Tensor, x2: Tensor
+    ) -> tuple[InteractionFormula, Tensor, Tensor, dict[str, Tensor]]:
+        r"""Order 1, :math:`\frac{\sigma_1^2}{D} \sum_d s_d\, \tilde k_d(x_d, x'_d) / \bar v_d`: each
+        dimension's orthogonalised term on its five features."""
+        d = self.num_dims
+        sides = self.formula_arguments(x1, x2)[:2]  # (*, 5D): [u, g(u), a(u), log a(u), m]
+        sides = [side.reshape(side.shape[0], 5, d).permute(2, 0, 1) for side in sides]  # (D, *, 5)
+        weights = self._first_order_weights().reshape(d, 1, 1)
+        formula = InteractionFormula(StationaryFormula("rbf"), 1, kind="orthogonal")
+        return formula, *sides, {"order_variances": weights, "scales": torch.ones_like(weights)}
+
 
 class GroupAdditiveKernel(WeightedTermsKernel):
     r"""A sum of one multi-dimensional base kernel over given groups of dimensions, lazily.
@@ -285,6 +326,14 @@ class GroupAdditiveKernel(WeightedTermsKernel):
         for g, dims in enumerate(groups):
             membership[g, list(dims)] = 1
         self.register_buffer("membership", membership.reshape(1, -1))
+
+    def lengthscale_widths(self, num_dims: int) -> tuple[int, ...]:
+        """Each dimension: the size of the largest group that contains it (1 where none does)."""
+        widths = [1] * self.num_dims
+        for group in self.groups:
+            for d in group:
+                widths[d] = max(widths[d], len(group))
+        return tuple(widths)
 
     def formula_arguments(self, x1: Tensor, x2: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         x1_, x2_, tensor_params = formula_inputs(self.base_kernel, x1, x2)

@@ -16,7 +16,8 @@ from ..validation import (
     check_projections,
     check_term_hyperparameters,
 )
-from .additive_structure import additive_formula_arguments
+from ..formulas.interactions import InteractionFormula
+from .additive_structure import additive_formula_arguments, one_dimensional_terms
 from .base import WeightedTermsKernel
 from .stationary import formula_for
 
@@ -194,6 +195,38 @@ class ProjectedAdditiveKernel(WeightedTermsKernel):
             # Dividing W's rows is dividing x's columns: d x J numbers instead of N x d.
             directions = directions / lengthscale.to(dtype).transpose(-1, -2)
         return x.to(dtype) @ directions
+
+    def lengthscale_widths(self, num_dims: int) -> tuple[int, ...]:
+        """The base kernel's lengthscales scale the projections, each term's one coordinate: width 1
+        for each of the J projections."""
+        return (1,) * self.num_projections
+
+    def per_input_lengthscale(self) -> tuple[Kernel, str]:
+        """:attr:`input_lengthscale` (``None`` for a kernel built without ``input_lengthscales``):
+        along input :math:`i` term :math:`j` sees the lengthscale :math:`\\ell_i / |w_{ij}|`, so a
+        lower bound on :math:`\\ell_i` bounds every term's for unit directions."""
+        return self, "input_lengthscale"
+
+    @property
+    def component_axes(self) -> str:
+        """A term per projection :math:`w_j^\\top x`, so ``"projections"``."""
+        return "projections"
+
+    def component_coordinates(self, x: Tensor) -> Tensor:
+        """The projections :meth:`project` of ``x``."""
+        return self.project(x)
+
+    def first_order_terms(
+        self, x1: Tensor, x2: Tensor
+    ) -> tuple[InteractionFormula, Tensor, Tensor, dict[str, Tensor]]:
+        r"""The terms :math:`s_j\, k_{\text{base}}(u_j, u'_j)` of the projections :math:`u = x W` (the
+        whole kernel)."""
+        return one_dimensional_terms(self.base_kernel, x1, x2, self.component_scales)
+
+    @property
+    def learns_projections(self) -> bool:
+        """Whether the directions are a trained parameter (``learn_projections=True``)."""
+        return self.projections.requires_grad
 
 
 def random_directions(num_dims: int, num_projections: int, seed: int) -> Tensor:

@@ -21,10 +21,11 @@ from typing import Any
 import gpytorch
 import linear_operator
 import torch
-from gpytorch.kernels import Kernel, ScaleKernel
+from gpytorch.kernels import Kernel
 from torch import Tensor
 
 from .. import kernels as lazy_kernels
+from ..kernels.base import LazyKernel
 from ..kernel_names import DEFAULT_KERNEL, LEARNED_PROJECTION_KERNELS
 from ..ntk.throughput import synchronize
 from ..validation import check_choice, check_floating_matrix, check_non_negative_int, check_positive_int_at_most, \
@@ -518,7 +519,7 @@ def fit_evaluate(
         with gpytorch.settings.max_cholesky_size(max_cholesky_size):
             analysis = component_analysis(model)
         learned = summary(analysis)
-    inner = model.covar_module.base_kernel if isinstance(model.covar_module, ScaleKernel) else model.covar_module
+    inner, _ = lazy_kernels.family_of(model.covar_module)
     return RegressionResult(
         kernel=kernel if isinstance(kernel, str) else type(kernel).__name__,
         n_train=train_x.shape[0],
@@ -561,9 +562,8 @@ def fit_evaluate(
 
 
 def _analyzable(covar: Kernel) -> bool:
-    inner = covar.base_kernel if isinstance(covar, ScaleKernel) else covar
-    return (isinstance(inner, (lazy_kernels.AdditiveStructureKernel, lazy_kernels.ProjectedAdditiveKernel))
-            and not inner.batch_shape)
+    inner, _ = lazy_kernels.family_of(covar)
+    return inner is not None and inner.component_axes is not None and not inner.batch_shape
 
 
 def _learns_projections(kernel: str | Kernel) -> bool:
@@ -571,4 +571,4 @@ def _learns_projections(kernel: str | Kernel) -> bool:
     if isinstance(kernel, str):
         return kernel in LEARNED_PROJECTION_KERNELS
     return isinstance(kernel, torch.nn.Module) and any(
-        isinstance(m, lazy_kernels.ProjectedAdditiveKernel) and m.projections.requires_grad for m in kernel.modules())
+        isinstance(m, LazyKernel) and m.learns_projections for m in kernel.modules())

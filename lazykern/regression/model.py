@@ -19,6 +19,7 @@ from gpytorch.kernels import Kernel, ScaleKernel
 from torch import Tensor
 
 from .. import kernels as lazy_kernels
+from ..kernels.base import LazyKernel
 from ..kernel_names import INTERACTION_KERNELS, KERNELS, PROJECTED_KERNELS, default_num_projections
 from ..validation import check_floating_matrix, check_positive_int, check_positive_number
 
@@ -249,30 +250,24 @@ def initialize(kernel: Kernel, num_dims: int) -> None:
     check_positive_int("num_dims", num_dims)
     inner, width, base = _lengthscale_owner(kernel, num_dims)
     base.lengthscale = torch.full_like(base.lengthscale, math.sqrt(width))
-    if isinstance(inner, lazy_kernels.NewtonGirardAdditiveKernel) and not isinstance(
-        inner, lazy_kernels.OrthogonalAdditiveKernel
-    ) and inner.max_degree > 1:
-        lower = (1.0 - TOP_ORDER_SHARE) / (inner.max_degree - 1)
-        variances = torch.full_like(inner.outputscale, lower)
+    orders = inner.order_variances
+    # Orthogonal orders (OAK) are not nested products: its top order is not the ARD kernel.
+    if orders is not None and inner.input_measure is None and orders.shape[-1] > 1:
+        lower = (1.0 - TOP_ORDER_SHARE) / (orders.shape[-1] - 1)
+        variances = torch.full_like(orders, lower)
         variances[..., -1] = TOP_ORDER_SHARE
-        inner.outputscale = variances
+        inner.order_variances = variances
 
 
-def _lengthscale_owner(kernel: Kernel, num_dims: int) -> tuple[Kernel, int, Kernel]:
-    """``(inner, w, base)``: the kernel inside a ``ScaleKernel``, the number of dimensions w its
-    terms multiply, and the module that holds the lengthscales."""
-    inner = kernel.base_kernel if isinstance(kernel, ScaleKernel) else kernel
-    if isinstance(inner, lazy_kernels.NewtonGirardAdditiveKernel):
-        width, base = inner.max_degree, inner.base_kernel
-    elif isinstance(inner, (lazy_kernels.AdditiveStructureKernel, lazy_kernels.ProjectedAdditiveKernel)):
-        width, base = 1, inner.base_kernel
-    elif isinstance(inner, lazy_kernels.GroupAdditiveKernel):
-        width, base = max(len(g) for g in inner.groups), inner.base_kernel
-    elif getattr(inner, "has_lengthscale", False):
-        width, base = num_dims, inner
-    else:
-        raise TypeError(f"initialize knows stationary, additive and interaction kernels, got {type(inner).__name__}")
-    return inner, width, base
+def _lengthscale_owner(kernel: Kernel, num_dims: int) -> tuple[LazyKernel, int, Kernel]:
+    """``(inner, w, base)``: the family of the kernel inside a ``ScaleKernel``
+    (:func:`~lazykern.kernels.family_of`), the number of dimensions w its widest term multiplies, and
+    the module that holds the lengthscales."""
+    inner, _ = lazy_kernels.family_of(kernel)
+    base = None if inner is None else inner.lengthscale_kernel
+    if base is None:
+        raise TypeError(f"initialize knows stationary, additive and interaction kernels, got {type(kernel).__name__}")
+    return inner, max(inner.lengthscale_widths(num_dims)), base
 
 
 def discrete_columns(train_x: Tensor) -> dict[int, float]:
@@ -331,10 +326,8 @@ def floor_discrete_lengthscales(kernel: Kernel, train_x: Tensor) -> dict[int, fl
         [0.3333, 0.0]
     """
     check_floating_matrix("train_x", train_x)
-    inner, _, owner = _lengthscale_owner(kernel, train_x.shape[-1])
-    name = "lengthscale"
-    if isinstance(inner, lazy_kernels.ProjectedAdditiveKernel):
-        owner, name = inner, "input_lengthscale"
+    inner, _, _ = _lengthscale_owner(kernel, train_x.shape[-1])
+    owner, name = inner.per_input_lengthscale()
     columns = discrete_columns(train_x)
     lengthscale = getattr(owner, name)
     if not columns or lengthscale is None or lengthscale.shape[-1] != train_x.shape[-1]:

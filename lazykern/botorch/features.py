@@ -1,30 +1,6 @@
-r"""BoTorch's pathwise posterior sampling for lazykern's kernels: random features and a CG update.
-
-BoTorch draws posterior sample paths by Matheron's rule (Wilson et al., 2020),
-
-.. math::
-
-    (f \mid y)(\cdot) = f(\cdot) + K(\cdot, X)\,(K + \Sigma)^{-1}\,(y - f(X) - \varepsilon),
-
-with the prior path :math:`f` a random-feature approximation :math:`f(x) = \phi(x)^\top w`,
-:math:`w \sim \mathcal N(0, I)`, of the kernel. Its feature maps are found by the dispatcher
-``botorch.sampling.pathwise.features.gen_kernel_features``, which knows GPyTorch's RBF, Matérn
-and ``ScaleKernel`` only. Importing this module registers feature maps for
-
-* lazykern's :class:`~lazykern.kernels.RQKernel` and :class:`~lazykern.kernels.PeriodicKernel`
-  (lazykern's RBF and Matérn kernels subclass GPyTorch's and already use BoTorch's maps);
-* the sums of terms: lazykern's :class:`~lazykern.kernels.AdditiveStructureKernel` and
-  :class:`~lazykern.kernels.GroupAdditiveKernel`, and GPyTorch's own ``AdditiveStructureKernel``;
-* all interaction orders of :class:`~lazykern.kernels.NewtonGirardAdditiveKernel`
-  (:func:`order_features`) and :class:`~lazykern.kernels.OrthogonalAdditiveKernel`
-  (:class:`OrthogonalFeatureMap`);
-
-and replaces BoTorch's exact Gaussian update for ``ExactGP`` models whose covariance contains a
-lazykern kernel by :func:`gaussian_update`, which solves with conjugate gradients
-(:func:`lazykern.solvers.cg`) above GPyTorch's ``max_cholesky_size``: BoTorch's own update factors
-the dense N x N matrix. Every other model keeps BoTorch's update unchanged. Nothing in lazykern
-imports this module (importing lazykern does not import BoTorch): import it once, before drawing
-paths.
+r"""Random features of lazykern's kernels for BoTorch's pathwise sampling, registered with
+``botorch.sampling.pathwise.features.gen_kernel_features`` when this module is imported (by
+:mod:`lazykern.botorch`).
 
 **The features.** A stationary kernel is the Fourier transform of its spectral measure
 (Bochner), :math:`k(\tau) = \mathbb E_{\omega}[\cos(\omega^\top \tau)]`, so :math:`p` pairs
@@ -57,26 +33,6 @@ kernels: its spectral measure draws a subset, then a frequency per dimension of 
 :class:`~lazykern.kernels.OrthogonalAdditiveKernel` are not stationary; each of its features
 projects a random cosine onto the functions that integrate to zero under the input measure, in
 closed form (:class:`OrthogonalFeatureMap`).
-
-**Priors.** :func:`additive_priors` sets, in one call, BoTorch's dimension-scaled lengthscale prior
-for the dimensions each term of an additive kernel acts on, and priors on the term weights that give
-the sum a prior variance of about 1.
-
-**Not supported** (raises a one-line ``NotImplementedError`` naming itself):
-:class:`~lazykern.kernels.ProductKernel`.
-
-Example:
-    >>> import torch, gpytorch, lazykern, lazykern.botorch
-    >>> from botorch.models import SingleTaskGP
-    >>> from botorch.sampling.pathwise import draw_matheron_paths
-    >>> X = torch.rand(20, 3, dtype=torch.float64)
-    >>> Y = torch.sin(6 * X).sum(-1, keepdim=True)
-    >>> kernel = gpytorch.kernels.ScaleKernel(lazykern.AdditiveStructureKernel(
-    ...     lazykern.RBFKernel(ard_num_dims=3), num_dims=3, component_scales=True))
-    >>> model = SingleTaskGP(X, Y, covar_module=kernel)
-    >>> paths = draw_matheron_paths(model, sample_shape=torch.Size([8]))
-    >>> paths(torch.rand(5, 3, dtype=torch.float64)).shape   # 8 posterior functions at 5 points
-    torch.Size([8, 5])
 """
 
 from __future__ import annotations
@@ -89,31 +45,21 @@ import numpy as np
 import scipy.special
 import torch
 from botorch.exceptions.errors import UnsupportedError
-from botorch.sampling.pathwise.features import KernelEvaluationMap, KernelFeatureMap
+from botorch.sampling.pathwise.features import KernelFeatureMap
 from botorch.sampling.pathwise.features.maps import FeatureMap
 from botorch.sampling.pathwise.features.generators import GenKernelFeatures
-from botorch.sampling.pathwise.paths import GeneralizedLinearPath
-from botorch.sampling.pathwise.update_strategies import GaussianUpdate, _gaussian_update_ExactGP
 from botorch.sampling.pathwise.utils import (
     ChainedTransform,
     FeatureSelector,
     InverseLengthscaleTransform,
     SineCosineTransform,
     TensorTransform,
-    get_input_transform,
-    get_train_inputs,
-    get_train_targets,
 )
-from botorch.utils.transforms import is_ensemble
-from gpytorch.kernels import Kernel, ScaleKernel
-from gpytorch.likelihoods import _GaussianLikelihoodBase
-from gpytorch.models import ExactGP
-from gpytorch.priors import LogNormalPrior
-from linear_operator.operators import LinearOperator, ZeroLinearOperator
+from gpytorch.kernels import Kernel
 from torch import Size, Tensor
 
-from .formulas.interactions import orthogonal_rbf_features
-from .kernels import (
+from ..formulas.interactions import orthogonal_rbf_features
+from ..kernels import (
     AdditiveStructureKernel,
     GroupAdditiveKernel,
     NewtonGirardAdditiveKernel,
@@ -122,11 +68,9 @@ from .kernels import (
     ProductKernel,
     RQKernel,
 )
-from .kernels.base import LazyKernel, WeightedTermsKernel
-from .kernels.stationary import formula_for
-from .solvers import PivotedCholeskyPreconditioner, cg
+from ..kernels.stationary import formula_for
 
-__all__ = ["OrthogonalFeatureMap", "additive_priors", "gaussian_update", "order_features", "term_features"]
+__all__ = ["OrthogonalFeatureMap", "order_features", "term_features"]
 
 _SUPPORTED = (
     "RBF, Matérn, RQ and periodic kernels, AdditiveStructureKernel (lazykern's and GPyTorch's), "
@@ -475,8 +419,6 @@ def _features_groups(kernel: GroupAdditiveKernel, *, num_inputs: int, num_output
 
 @GenKernelFeatures.register(NewtonGirardAdditiveKernel)
 def _features_orders(kernel: NewtonGirardAdditiveKernel, *, num_inputs: int, num_outputs: int) -> KernelFeatureMap:
-    if isinstance(kernel, OrthogonalAdditiveKernel):
-        return OrthogonalFeatureMap(kernel, num_outputs)
     if kernel.max_degree > 1:
         return order_features(kernel, num_outputs)
     # Order 1 alone is sigma_1^2 / D times the additive kernel of the weighted terms: stratified per
@@ -484,6 +426,11 @@ def _features_orders(kernel: NewtonGirardAdditiveKernel, *, num_inputs: int, num
     num_dims = kernel.num_dims
     return term_features(kernel, kernel.base_kernel, [(d,) for d in range(num_dims)],
                          lambda k: k.term_scales() * k.outputscale[..., :1, None] / num_dims, num_inputs, num_outputs)
+
+
+@GenKernelFeatures.register(OrthogonalAdditiveKernel)
+def _features_orthogonal(kernel: OrthogonalAdditiveKernel, *, num_inputs: int, num_outputs: int) -> FeatureMap:
+    return OrthogonalFeatureMap(kernel, num_outputs)
 
 
 @GenKernelFeatures.register(ProductKernel)
@@ -505,209 +452,3 @@ def _features_gpytorch_additive(
     num_dims = kernel.num_dims
     return term_features(kernel, base, [(d,) for d in range(num_dims)],
                          lambda k: torch.ones(*k.base_kernel.batch_shape, 1, num_dims), num_inputs, num_outputs)
-
-
-def _contains_lazykern_kernel(kernel: Kernel) -> bool:
-    return any(isinstance(module, LazyKernel) for module in kernel.modules())
-
-
-def gaussian_update(
-    model: ExactGP,
-    likelihood: _GaussianLikelihoodBase,
-    *,
-    sample_values: Tensor,
-    target_values: Tensor | None = None,
-    points: Tensor | None = None,
-    noise_covariance: Tensor | LinearOperator | None = None,
-    scale_tril: Tensor | LinearOperator | None = None,
-    tol: float = 1e-6,
-    rank: int = 100,
-) -> GeneralizedLinearPath:
-    r"""Matheron's update :math:`K(\cdot, X)\, v` with :math:`v = (K + \Sigma)^{-1}(y - f(X) - \varepsilon)`,
-    solved by preconditioned conjugate gradients: every sample path is one right-hand side of one
-    :func:`lazykern.solvers.cg` call, whose iterations apply the lazy kernel operator to all of them
-    at once, so nothing N x N is formed. Models at or below GPyTorch's ``max_cholesky_size``
-    (and models whose covariance holds no lazykern kernel) get BoTorch's exact update, which
-    factors :math:`K + \Sigma`.
-
-    Registered for ``ExactGP`` models with a Gaussian likelihood when this module is imported, so
-    ``botorch.sampling.pathwise.draw_matheron_paths`` and everything built on it (Thompson
-    sampling, ``get_optimal_samples``) use it.
-
-    Args:
-        model: the GP, an ``ExactGP`` with a Gaussian likelihood.
-        likelihood: its likelihood.
-        sample_values: the prior paths at the training inputs, ``(*sample_shape, *batch, N)``.
-        target_values: the training targets (default: the model's, transformed).
-        points: the training inputs (default: the model's, transformed).
-        noise_covariance: :math:`\Sigma` (default: the likelihood's at ``points``).
-        scale_tril: a Cholesky factor of :math:`K + \Sigma`; given, BoTorch's update uses it.
-        tol: CG's relative residual tolerance per path.
-        rank: rank of the pivoted-Cholesky preconditioner (capped at N).
-
-    Example:
-        >>> import torch, gpytorch, lazykern, lazykern.botorch
-        >>> from botorch.models import SingleTaskGP
-        >>> from botorch.sampling.pathwise import draw_matheron_paths
-        >>> X = torch.rand(50, 2, dtype=torch.float64)
-        >>> model = SingleTaskGP(X, X.sum(-1, keepdim=True), covar_module=lazykern.AdditiveStructureKernel(
-        ...     lazykern.MaternKernel(nu=2.5), num_dims=2))
-        >>> with gpytorch.settings.max_cholesky_size(0):     # CG at any N
-        ...     paths = draw_matheron_paths(model, sample_shape=torch.Size([4]))
-        >>> paths(X[:3]).shape
-        torch.Size([4, 3])
-    """
-    if points is None:
-        (points,) = get_train_inputs(model, transformed=True)
-    kernel = model.covar_module
-    if (scale_tril is not None or not _contains_lazykern_kernel(kernel)
-            or points.shape[-2] <= gpytorch.settings.max_cholesky_size.value()):
-        return _gaussian_update_ExactGP(
-            model, likelihood, sample_values=sample_values, target_values=target_values, points=points,
-            noise_covariance=noise_covariance, scale_tril=scale_tril)
-    if target_values is None:
-        target_values = get_train_targets(model, transformed=True)
-    if noise_covariance is None:
-        noise_covariance = likelihood.noise_covar(shape=points.shape[:-1])
-    covariance = kernel(points)
-    if not isinstance(noise_covariance, ZeroLinearOperator):
-        noise = noise_covariance.cholesky() @ torch.randn_like(sample_values).unsqueeze(-1)
-        sample_values = sample_values + noise.squeeze(-1)
-        covariance = covariance + noise_covariance
-    errors = target_values - sample_values  # (*sample_shape, *batch, N)
-
-    # One CG per batch member of the kernel, all sample paths of it as columns.
-    batch, n = kernel.batch_shape, points.shape[-2]
-    columns = errors.reshape(-1, batch.numel(), n)
-    weight = torch.empty_like(columns)
-    shift = float(likelihood.noise.detach().mean()) if not isinstance(noise_covariance, ZeroLinearOperator) else 1e-6
-    for i, index in enumerate(np.ndindex(*batch)):
-        K = covariance[index] if index else covariance
-        precond = PivotedCholeskyPreconditioner(kernel(points)[index] if index else kernel(points),
-                                                rank=min(rank, n), shift=shift)
-        solution, _ = cg(K, columns[:, i, :].T.contiguous(), precond=precond, tol=tol)
-        weight[:, i, :] = solution.T
-    feature_map = KernelEvaluationMap(kernel=kernel, points=points, input_transform=get_input_transform(model))
-    return GeneralizedLinearPath(feature_map=feature_map, weight=weight.reshape(errors.shape),
-                                 is_ensemble=is_ensemble(model))
-
-
-GaussianUpdate.register(ExactGP, _GaussianLikelihoodBase)(gaussian_update)
-
-
-# Hvarfner, Hellsten & Nardi (2024), BoTorch's defaults: lengthscale ~ LogNormal(sqrt(2) + log(d) / 2, sqrt(3))
-# for a kernel on d dimensions.
-_LENGTHSCALE_LOC, _LENGTHSCALE_SCALE = math.sqrt(2.0), math.sqrt(3.0)
-# Term weights and variances: a factor e either way is one standard deviation.
-_WEIGHT_SCALE = 1.0
-
-
-def _register_lognormal(module: gpytorch.Module, name: str, loc: float | Tensor, scale: float,
-                        initial: Tensor | float) -> None:
-    """A LogNormal prior on the positive hyperparameter ``name`` of ``module`` (read and set through its
-    property), and the hyperparameter set to ``initial``."""
-    loc = torch.as_tensor(loc, dtype=torch.float64)
-    module.register_prior(f"{name}_prior", LogNormalPrior(loc, torch.full_like(loc, scale)),
-                          lambda m: getattr(m, name), lambda m, v: setattr(m, name, v))
-    setattr(module, name, initial)
-
-
-def additive_priors(kernel: Kernel) -> Kernel:
-    r"""Sets priors suited to an additive kernel's terms on ``kernel`` (in place) and returns it: the
-    lengthscale prior BoTorch's ``SingleTaskGP`` uses by default (Hvarfner, Hellsten & Nardi, 2024,
-    *Vanilla Bayesian optimization performs great in high dimensions*), applied to the dimensions each
-    term acts on rather than to all of them, and priors on the term weights that give the sum a prior
-    variance of about 1 (BoTorch standardises the outcomes).
-
-    BoTorch's lengthscale prior for a kernel on :math:`d` dimensions is
-    :math:`\log \ell \sim \mathcal N(\sqrt 2 + \tfrac12 \log d,\ 3)`: distances between points of the
-    unit cube grow as :math:`\sqrt d`, so the lengthscale does too. A term on :math:`k` dimensions
-    gets the prior for :math:`d = k`:
-
-    * :class:`~lazykern.kernels.AdditiveStructureKernel` (and GPyTorch's): one-dimensional terms,
-      :math:`k = 1` (median :math:`\ell = e^{\sqrt 2} \approx 4.1`, mode
-      :math:`e^{\sqrt 2 - 3} \approx 0.20`);
-    * :class:`~lazykern.kernels.GroupAdditiveKernel`: each dimension's lengthscale the prior of the
-      largest group it is in;
-    * :class:`~lazykern.kernels.NewtonGirardAdditiveKernel` and
-      :class:`~lazykern.kernels.OrthogonalAdditiveKernel`: the order-:math:`r` term is a product over
-      :math:`r` dimensions of one-dimensional kernels sharing each dimension's lengthscale, so the
-      prior is that of the highest order, :math:`k =` ``max_degree``.
-
-    Lengthscales start at the prior's mode, as BoTorch's do. The weights: a sum of :math:`T` terms of
-    unit variance has variance :math:`T`, so
-
-    * learned per-term weights ``component_scales`` of an additive or group kernel get
-      :math:`\log s_t \sim \mathcal N(-\log T, 1)` and start at :math:`1/T`, and a ``ScaleKernel``
-      around the kernel :math:`\log \sigma^2 \sim \mathcal N(0, 1)`, starting at 1; without
-      ``component_scales`` the ``ScaleKernel``'s outputscale takes the :math:`1/T` prior instead;
-    * the :math:`R` order variances of an interaction kernel get :math:`\log \sigma_r^2 \sim
-      \mathcal N(-\log R, 1)`, starting at :math:`1/R` (each order has variance :math:`\sigma_r^2`
-      when the per-dimension weights are 1), its per-dimension weights :math:`\log s_d \sim
-      \mathcal N(0, 1)` and a ``ScaleKernel`` around it :math:`\log \sigma^2 \sim \mathcal N(0, 1)`.
-
-    An additive kernel with neither learned weights nor a ``ScaleKernel`` keeps its fixed variance
-    :math:`T`. The likelihood keeps BoTorch's noise prior. What they change is measured in
-    :doc:`/botorch` (``examples/bo_additive.py``): on 20-dimensional Styblinski–Tang after 25 points,
-    the lazykern additive RBF model fitted without priors ends with a tenth of its lengthscales (over
-    10 runs) below :math:`10^{-17}` and a tenth above 2,000 on the unit cube; with them the middle 80%
-    lie between 0.16 and 0.28 (the mode is 0.205).
-
-    Args:
-        kernel: a lazykern :class:`~lazykern.kernels.AdditiveStructureKernel`,
-            :class:`~lazykern.kernels.GroupAdditiveKernel`,
-            :class:`~lazykern.kernels.NewtonGirardAdditiveKernel` (or
-            :class:`~lazykern.kernels.OrthogonalAdditiveKernel`), or GPyTorch's
-            ``AdditiveStructureKernel``, whose base kernel has a lengthscale; bare or inside a
-            ``ScaleKernel``.
-
-    Returns:
-        ``kernel``, with the priors registered and the hyperparameters at their starting values.
-
-    Example:
-        >>> import torch, gpytorch, lazykern, lazykern.botorch
-        >>> from botorch.models import SingleTaskGP
-        >>> kernel = lazykern.botorch.additive_priors(gpytorch.kernels.ScaleKernel(lazykern.AdditiveStructureKernel(
-        ...     lazykern.RBFKernel(ard_num_dims=20), num_dims=20, component_scales=True)))
-        >>> sorted(name for name, *_ in kernel.named_priors())
-        ['base_kernel.base_kernel.lengthscale_prior', 'base_kernel.component_scales_prior', 'outputscale_prior']
-        >>> round(float(kernel.base_kernel.base_kernel.lengthscale.detach()[0, 0]), 3)   # the prior's mode
-        0.205
-        >>> model = SingleTaskGP(torch.rand(8, 20, dtype=torch.float64), torch.randn(8, 1, dtype=torch.float64),
-        ...                      covar_module=kernel)
-    """
-    outer = kernel if isinstance(kernel, ScaleKernel) else None
-    terms_kernel = kernel.base_kernel if outer is not None else kernel
-    base = getattr(terms_kernel, "base_kernel", None)
-    if not isinstance(terms_kernel, (WeightedTermsKernel, gpytorch.kernels.AdditiveStructureKernel)) \
-            or getattr(base, "lengthscale", None) is None:
-        raise TypeError(
-            "additive_priors: kernel must be an AdditiveStructureKernel (lazykern's or GPyTorch's), GroupAdditiveKernel "
-            "or NewtonGirardAdditiveKernel whose base kernel has a lengthscale, bare or inside ScaleKernel; "
-            f"got {type(kernel).__name__}" + (f"({type(terms_kernel).__name__})" if outer is not None else ""))
-    num_dims = base.lengthscale.shape[-1] if terms_kernel.num_dims is None else terms_kernel.num_dims
-    outer_share = 1.0
-    if isinstance(terms_kernel, NewtonGirardAdditiveKernel):
-        term_dims = torch.full((num_dims,), float(terms_kernel.max_degree), dtype=torch.float64)
-        orders = terms_kernel.max_degree
-        _register_lognormal(terms_kernel, "outputscale", -math.log(orders), _WEIGHT_SCALE,
-                            torch.full_like(terms_kernel.outputscale, 1.0 / orders))
-        weight_share = 1.0
-    else:
-        groups = terms_kernel.groups if isinstance(terms_kernel, GroupAdditiveKernel) else [(d,) for d in range(num_dims)]
-        term_dims = torch.ones(num_dims, dtype=torch.float64)
-        for group in groups:
-            term_dims[list(group)] = torch.clamp(term_dims[list(group)], min=float(len(group)))
-        weight_share = 1.0 / len(groups)
-    if hasattr(terms_kernel, "raw_component_scales"):
-        _register_lognormal(terms_kernel, "component_scales", math.log(weight_share), _WEIGHT_SCALE, weight_share)
-    else:
-        outer_share = weight_share
-    if outer is not None:
-        _register_lognormal(outer, "outputscale", math.log(outer_share), _WEIGHT_SCALE, outer_share)
-    if base.lengthscale.shape[-1] == 1:
-        term_dims = term_dims.max(dim=0, keepdim=True).values
-    loc = _LENGTHSCALE_LOC + 0.5 * term_dims.log()
-    _register_lognormal(base, "lengthscale", loc, _LENGTHSCALE_SCALE,
-                        (loc - _LENGTHSCALE_SCALE**2).exp().to(base.lengthscale).expand_as(base.lengthscale))
-    return kernel
