@@ -523,37 +523,44 @@ def _recurrence_code(nodes, z, operand, out: str, stride: str, lanes: str, scrat
     mode (forward states kept, then the adjoint runs backwards over the inputs). Both are tested
     against the specification in ``tests/test_elementary_symmetric.py``."""
     node = nodes[z]
-    r_max = node.attr
-    zarg = node.args[0]
+    r_max, zarg = node.attr, node.args[0]
     d = nodes[zarg].width
     simd = ['_Pragma("omp simd")', f"for (int64_t t = 0; t < {lanes}; ++t)"]
-
-    def forward(state: str) -> list[str]:
-        zj = operand(zarg, "ej - 1")
-        return [
-            "const T ew = (T)1 / (T)ej;",
-            f"for (int64_t er = ej < {r_max} ? ej : {r_max}; er >= 1; --er) {{",
-            "  const T ea = (T)(ej - er), eb = (T)er;",
-            f"  T* const es = {state} + (er - 1) * {stride};",
-            "  if (er == 1) {",
-            *("    " + x for x in simd),
-            f"      es[t] = (ea * es[t] + eb * {zj}) * ew;",
-            "  } else {",
-            f"    const T* const ep = es - {stride};",
-            *("    " + x for x in simd),
-            f"      es[t] = (ea * es[t] + eb * {zj} * ep[t]) * ew;",
-            "  }",
-            "}",
-        ]
-
+    zj = operand(zarg, "ej - 1")
     lines = [f"{{ /* {node.op} node {z}: {r_max} orders of {d} inputs */"]
     if node.op == "esym":
         lines += [f"for (int64_t eq = 0; eq < {r_max} * {stride}; ++eq) {out}[eq] = 0;"]
-        lines += [f"for (int64_t ej = 1; ej <= {d}; ++ej) {{"] + ["  " + x for x in forward(out)] + ["}"]
+        lines += [f"for (int64_t ej = 1; ej <= {d}; ++ej) {{"]
+        lines += ["  " + x for x in _esym_step(out, zj, r_max, stride, simd)] + ["}"]
         return lines + ["}"]
-    garg = node.args[1]
-    zj = operand(zarg, "ej - 1")
-    lines += [
+    adjoint = operand(node.args[1], "eq")
+    return lines + _esym_vjp_code(zj, adjoint, r_max, d, out, stride, simd, scratch) + ["}"]
+
+
+def _esym_step(state: str, zj: str, r_max: int, stride: str, simd: list[str]) -> list[str]:
+    """The recurrence's step for input ``ej`` (``zj`` its value), on the states ``state``."""
+    return [
+        "const T ew = (T)1 / (T)ej;",
+        f"for (int64_t er = ej < {r_max} ? ej : {r_max}; er >= 1; --er) {{",
+        "  const T ea = (T)(ej - er), eb = (T)er;",
+        f"  T* const es = {state} + (er - 1) * {stride};",
+        "  if (er == 1) {",
+        *("    " + x for x in simd),
+        f"      es[t] = (ea * es[t] + eb * {zj}) * ew;",
+        "  } else {",
+        f"    const T* const ep = es - {stride};",
+        *("    " + x for x in simd),
+        f"      es[t] = (ea * es[t] + eb * {zj} * ep[t]) * ew;",
+        "  }",
+        "}",
+    ]
+
+
+def _esym_vjp_code(zj: str, adjoint: str, r_max: int, d: int, out: str, stride: str, simd: list[str],
+                   scratch: str) -> list[str]:
+    """The reverse mode of :func:`_esym_step` over ``d`` inputs: the forward states kept in
+    ``scratch``, then the adjoint (``adjoint`` at order ``eq``) run backwards into ``out``."""
+    return [
         f"T* const eA = {scratch};",
         f"T* const eH = eA + {r_max} * {stride};",
         f"for (int64_t eq = 0; eq < {r_max} * {stride}; ++eq) eA[eq] = 0;",
@@ -562,11 +569,11 @@ def _recurrence_code(nodes, z, operand, out: str, stride: str, lanes: str, scrat
         f"  const int64_t ek = ej - 1 < {r_max} ? ej - 1 : {r_max};",
         f"  memcpy(eH + eo * {stride}, eA, sizeof(T) * ek * {stride});",
         "  eo += ek;",
-        *("  " + x for x in forward("eA")),
+        *("  " + x for x in _esym_step("eA", zj, r_max, stride, simd)),
         "}",
         f"for (int64_t eq = 0; eq < {r_max}; ++eq) {{",
         *("  " + x for x in simd),
-        f"    eA[eq * {stride} + t] = {operand(garg, 'eq')};",
+        f"    eA[eq * {stride} + t] = {adjoint};",
         "}",
         f"for (int64_t ej = {d}; ej >= 1; --ej) {{",
         f"  const int64_t etop = ej < {r_max} ? ej : {r_max}, ek = ej - 1 < {r_max} ? ej - 1 : {r_max};",
@@ -601,4 +608,3 @@ def _recurrence_code(nodes, z, operand, out: str, stride: str, lanes: str, scrat
         "  }",
         "}",
     ]
-    return lines + ["}"]
