@@ -217,9 +217,10 @@ class _Writer:
         w("    LK_FTZ_ON")
         alloc = f"{self.acc_size} + {self.mm_size} + {self.scratch_size} + TILE"
         w(f"    T* const __restrict__ acc = (T*)aligned_alloc(64, sizeof(T) * ({alloc}));")
-        w(f"    T* const __restrict__ accm = acc + {self.acc_size};")
+        if self.red.matmul:
+            w(f"    T* const __restrict__ accm = acc + {self.acc_size};")
         if self.scratch:
-            w(f"    T* const __restrict__ scr = accm + {self.mm_size};")
+            w(f"    T* const __restrict__ scr = acc + {self.acc_size} + {self.mm_size};")
         lines.extend("    " + s for s in self._row_loop())
         w("    free(acc);")
         w("    LK_FTZ_OFF")
