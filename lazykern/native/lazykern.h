@@ -23,7 +23,8 @@
 #define LK_FTZ_ON const unsigned int lk_csr = _mm_getcsr(); _mm_setcsr(lk_csr | 0x8040u);
 #define LK_FTZ_OFF _mm_setcsr(lk_csr);
 #elif defined(__aarch64__)
-#define LK_FTZ_ON uint64_t lk_fpcr; __asm__ volatile("mrs %0, fpcr" : "=r"(lk_fpcr)); __asm__ volatile("msr fpcr, %0" : : "r"(lk_fpcr | (1ull << 24)));
+#define LK_FTZ_ON uint64_t lk_fpcr; __asm__ volatile("mrs %0, fpcr" : "=r"(lk_fpcr)); \
+    __asm__ volatile("msr fpcr, %0" : : "r"(lk_fpcr | (1ull << 24)));
 #define LK_FTZ_OFF __asm__ volatile("msr fpcr, %0" : : "r"(lk_fpcr));
 #else
 #define LK_FTZ_ON
