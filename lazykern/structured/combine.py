@@ -16,22 +16,28 @@ inputs' gradient, :math:`W` being the row weights of the chain rule). Reducing t
 the walk produces them keeps :math:`O((N + M) C)` numbers per thread instead of the
 :math:`(D, N, C)` sums, and reads each dimension's sums once, while they are in cache.
 
-``combine.h``, next to this module, is the C that every family's walks include: the ``lk_uses``
-record, the row step ``lk_use_row`` and ``lk_each_dimension``, which runs a family's per-dimension
-function over the dimensions in parallel with one accumulator of ``out`` per thread. :func:`reduce`
-is the Python side: it allocates what is asked for and calls a family's compiled entry point,
-whose trailing arguments are :data:`USES_ARGTYPES`.
+``combine.h`` (:data:`COMBINE_SOURCE`), next to this module, is the C that every family's walks
+include: the ``lk_uses`` record, the row step ``lk_use_row`` and ``lk_each_dimension``, which runs
+a family's per-dimension function over the dimensions in parallel with one accumulator of ``out``
+per thread. :func:`reduce` is the Python side: it allocates what is asked for and calls a
+family's compiled entry point, whose trailing arguments are :data:`USES_ARGTYPES`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import pathlib
 from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["USES_ARGTYPES", "reduce"]
+__all__ = ["COMBINE_SOURCE", "USES_ARGTYPES", "reduce"]
+
+#: The text of ``combine.h``, next to this module, the C that every family's walks include (the
+#: families' files include it by name; it includes ``lazykern.h``, which
+#: :func:`lazykern.native.load_source` finds).
+COMBINE_SOURCE = (pathlib.Path(__file__).parent / "combine.h").read_text(encoding="utf-8")
 
 #: The ctypes of the trailing arguments of every family's entry point (D, n, m, order, key, values,
 #: single (the values are float32), C, scales, out, G, dots, W, point).
