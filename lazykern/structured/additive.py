@@ -25,13 +25,14 @@ values but never their order, so a recent order is reused while it still sorts t
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from collections import OrderedDict
 
 import torch
 from torch import Tensor
 
-from ..native import load_source
+from ..native import load_file
 from .gauss import gauss_reduce
 from .recurrences import matern_reduce
 
@@ -52,32 +53,8 @@ _RECENT_SLOTS = 8
 _LOCK = threading.Lock()
 
 
-_SORTED_KEY_SOURCE = r"""
-#include <stdint.h>
-
-/* key[d, k] = values[d, ord[d, k]] for every dimension d; ok[0] = 1 when every row of key is
-   ascending and, across two sets (m >= 0), no target comes before a source of equal value, else 0.
-   One pass where torch took a gather and three comparisons (a tenth of a product at N = 13,500). */
-void lk_sorted_key(int64_t D, int64_t n_tot, int64_t m, const double *values, const int64_t *ord, double *key,
-                   int64_t *ok) {
-    int64_t all = 1;
-    #pragma omp parallel for reduction(&& : all) schedule(static)
-    for (int64_t d = 0; d < D; ++d) {
-        const double *x = values + d * n_tot;
-        const int64_t *o = ord + d * n_tot;
-        double *k = key + d * n_tot;
-        int64_t row = 1;
-        if (n_tot > 0) k[0] = x[o[0]];
-        for (int64_t i = 1; i < n_tot; ++i) {
-            k[i] = x[o[i]];
-            /* !(>=): a NaN fails the check */
-            if (!(k[i] >= k[i - 1]) || (m >= 0 && k[i] == k[i - 1] && o[i - 1] >= m && o[i] < m)) row = 0;
-        }
-        all = all && row;
-    }
-    ok[0] = all;
-}
-"""
+#: ``lk_sorted_key``, the check of a recent order, in C.
+_SORTED_KEY_SOURCE = os.path.join(os.path.dirname(__file__), "additive.c")
 _SORTED_KEY_ARGTYPES = [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4
 
 
@@ -85,7 +62,7 @@ def _sorts(values: Tensor, order: Tensor, num_sources: int) -> tuple[bool, Tenso
     """Whether ``order`` still sorts ``values`` (``(D, M + N)`` float64) as :func:`merged_order`
     promises, and the values in that order."""
     key, ok = torch.empty_like(values), torch.zeros(1, dtype=torch.int64)
-    fn = load_source(_SORTED_KEY_SOURCE, "lk_sorted_key", _SORTED_KEY_ARGTYPES)
+    fn = load_file(_SORTED_KEY_SOURCE, "lk_sorted_key", _SORTED_KEY_ARGTYPES)
     fn(values.shape[0], values.shape[1], num_sources, values.data_ptr(), order.data_ptr(), key.data_ptr(),
        ok.data_ptr())
     return bool(ok), key

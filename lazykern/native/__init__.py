@@ -1,9 +1,13 @@
 r"""lazykern's C toolchain: compile C sources with a C compiler into a cache folder and load them with ``ctypes``.
 
 The engines that run C on the CPU share it: the CPU engine's generated reductions
-(:mod:`lazykern.cpu`) and the structured engine's fixed sources (:mod:`lazykern.structured`). One
-shared library per source, named by a hash of the source (so, for a generated reduction, the
-expression graph, its bindings and outputs, the dtype, and the generator itself), in the folder
+(:mod:`lazykern.cpu`, :func:`load_source`) and the C files written by hand next to the modules
+that load them (:mod:`lazykern.structured`, :mod:`lazykern.cpu.dense_matmul`: :func:`load_file`).
+Every program includes ``lazykern.h``, the header of this folder (:data:`INCLUDE_FOLDER`): the C
+that any program may use (flush-to-zero, the clamp of ``exp``, ``LK_INLINE``). One
+shared library per program, named by a hash of its source and of the headers of its include
+folders (so, for a generated reduction, the expression graph, its bindings and outputs, the
+dtype, and the generator itself; a changed header rebuilds what includes it), in the folder
 :func:`cache_folder` gives for the whole flag set, compiler and CPU model (a shared cache never
 serves one CPU's code to another). Parameter *values* are runtime arguments, never part of the key.
 
@@ -37,12 +41,12 @@ import shutil
 import subprocess
 import time
 
-from .cache_paths import CPU_CACHE_ENV, cpu_cache, cpu_model
-from .compiler.programs import Programs
+from ..cache_paths import CPU_CACHE_ENV, cpu_cache, cpu_model
+from ..compiler.programs import Programs
 
 __all__ = [
-    "BASE_FLAGS", "VECTOR_MATH_FLAGS", "FLAGS_ENV", "CACHE_ENV", "cache_folder", "compiler",
-    "engine_flags", "extra_flags", "load_source", "loaded_programs", "compile_log",
+    "BASE_FLAGS", "VECTOR_MATH_FLAGS", "FLAGS_ENV", "CACHE_ENV", "INCLUDE_FOLDER", "cache_folder", "command",
+    "compiler", "engine_flags", "extra_flags", "load_file", "load_source", "loaded_programs", "compile_log",
 ]
 
 #: Flags of every reduction, before :func:`extra_flags`. ``-O2``: the loops that
@@ -60,11 +64,14 @@ BASE_FLAGS = "-x c -std=gnu11 -O2 -ffp-contract=off -fopenmp -fPIC -shared"
 #: semantics otherwise kept (the generated C includes ``math.h`` and calls ``expf`` for float).
 VECTOR_MATH_FLAGS = "-march=native -fno-math-errno -fno-trapping-math -D__FAST_MATH__"
 
+#: The folder of ``lazykern.h``, the header every program includes, searched first (``-I``).
+INCLUDE_FOLDER = os.path.dirname(os.path.abspath(__file__))
+
 FLAGS_ENV = "LAZYKERN_CPU_FLAGS"
 CACHE_ENV = CPU_CACHE_ENV  # named with the other engines' folders, in lazykern.cache_paths
 
 _LOCK_TIMEOUT_S = 1800
-_programs = Programs()  # by source text
+_programs = Programs()  # by source text and include folders, or by file and defines
 
 #: (library name, seconds) of each compile this process ran, for reports and benchmarks.
 compile_log: list[tuple[str, float]] = []
@@ -135,13 +142,73 @@ def loaded_programs() -> int:
 
 def load_source(source: str, symbol: str, argtypes: list) -> "ctypes._CFuncPtr":
     """The function ``symbol`` of the C ``source``, compiled on first use, then cached on disk and in
-    memory (``argtypes``: its ``ctypes`` argument types; it returns nothing)."""
-    return _programs.get(source, lambda: _load_or_compile(source, symbol, argtypes))
+    memory (``argtypes``: its ``ctypes`` argument types; it returns nothing). ``#include
+    "lazykern.h"`` finds the header of :data:`INCLUDE_FOLDER`.
+
+    Example:
+        >>> twice = load_source('#include "lazykern.h"\\nvoid lk_twice(double *x) { x[0] *= 2; }', "lk_twice",
+        ...                     [ctypes.c_void_p])
+        >>> x = (ctypes.c_double * 1)(21.0)
+        >>> twice(x); x[0]
+        42.0
+    """
+    return _programs.get(source, lambda: _load_or_compile(source, (INCLUDE_FOLDER,), symbol, argtypes))
 
 
-def _load_or_compile(source: str, symbol: str, argtypes: list) -> ctypes._CFuncPtr:
-    # Keyed by the source itself: a change of the code generator can never load a stale library.
-    key = hashlib.sha256(source.encode()).hexdigest()[:24]
+def load_file(path: str, symbol: str, argtypes: list, defines: dict[str, str] | None = None) -> "ctypes._CFuncPtr":
+    """The function ``symbol`` of the C file ``path``, as :func:`load_source` with the file's own
+    folder searched for headers after :data:`INCLUDE_FOLDER`, and each of ``defines`` a ``#define
+    NAME VALUE`` line before the file's text (what a file leaves to its caller, such as an element
+    type). The file is read once per process.
+
+    Example:
+        >>> import tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "scale.c")
+        >>> with open(path, "w") as f:
+        ...     _ = f.write('#include "lazykern.h"\\nvoid lk_scale(double *x) { x[0] *= FACTOR; }\\n')
+        >>> scale = load_file(path, "lk_scale", [ctypes.c_void_p], {"FACTOR": "0.5"})
+        >>> x = (ctypes.c_double * 1)(84.0)
+        >>> scale(x); x[0]
+        42.0
+    """
+    defines = tuple((defines or {}).items())
+
+    def build() -> ctypes._CFuncPtr:
+        with open(path, encoding="utf-8") as f:
+            text = "".join(f"#define {name} {value}\n" for name, value in defines) + f.read()
+        return _load_or_compile(text, (INCLUDE_FOLDER, os.path.dirname(os.path.abspath(path))), symbol, argtypes)
+
+    return _programs.get((path, defines), build)
+
+
+def command(source_file: str, lib: str, flags: str, include: tuple[str, ...]) -> list[str]:
+    """The compiler's command line that builds the shared library ``lib`` from the C file
+    ``source_file`` with ``flags``, searching the folders ``include`` for headers in that order.
+
+    Example:
+        >>> command("a.c", "a.so", "-O2", ("/h",))[1:]
+        ['-O2', '-I/h', 'a.c', '-o', 'a.so', '-lm']
+    """
+    return [compiler(), *flags.split(), *(f"-I{folder}" for folder in include), source_file, "-o", lib, "-lm"]
+
+
+def _key(source: str, include: tuple[str, ...]) -> str:
+    """The hash of ``source`` and of the name and text of every header of the folders ``include``
+    (a few small files; a program that includes only some of them recompiles more often than it
+    must, never less). Not their paths: two copies of lazykern share the libraries they agree on."""
+    digest = hashlib.sha256(source.encode())
+    for folder in include:
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".h"):
+                with open(os.path.join(folder, name), "rb") as f:
+                    digest.update(f"\0{name}\0".encode() + f.read())
+    return digest.hexdigest()[:24]
+
+
+def _load_or_compile(source: str, include: tuple[str, ...], symbol: str, argtypes: list) -> ctypes._CFuncPtr:
+    # Keyed by the source and its headers: a change of the code generator or of a header can never
+    # load a stale library.
+    key = _key(source, include)
     from filelock import FileLock, Timeout
 
     flags = engine_flags()
@@ -153,7 +220,7 @@ def _load_or_compile(source: str, symbol: str, argtypes: list) -> ctypes._CFuncP
         try:
             with lock:
                 if not os.path.exists(lib):
-                    _compile(source, flags, lib)
+                    _compile(source, include, flags, lib)
         except Timeout as err:
             raise RuntimeError(
                 f"lazykern waited {_LOCK_TIMEOUT_S} s for another process compiling {lib}; if none is "
@@ -165,16 +232,15 @@ def _load_or_compile(source: str, symbol: str, argtypes: list) -> ctypes._CFuncP
     return fn
 
 
-def _compile(source: str, flags: str, lib: str) -> None:
-    cxx = compiler()
-    if cxx is None:
+def _compile(source: str, include: tuple[str, ...], flags: str, lib: str) -> None:
+    if compiler() is None:
         raise RuntimeError("lazykern's CPU engines need a C compiler on PATH: $CXX, else g++")
     src = lib[:-3] + ".c"
     tmp_src, tmp_lib = f"{lib[:-3]}.{os.getpid()}.tmp.c", f"{lib}.{os.getpid()}.tmp"
     with open(tmp_src, "w") as f:
         f.write(source)
     os.replace(tmp_src, src)
-    cmd = [cxx, *flags.split(), src, "-o", tmp_lib, "-lm"]
+    cmd = command(src, tmp_lib, flags, include)
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
