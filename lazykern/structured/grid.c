@@ -13,6 +13,8 @@
 
 #include <stdint.h>
 
+#include "lazykern.h"
+
 void lk_grid_rows(int64_t n, int64_t terms, int64_t j0, int64_t j1, int64_t width, const int64_t *offsets,
                   const int64_t *below, const double *weight, const double *inv_noise, const int64_t *out_start,
                   double *out) {

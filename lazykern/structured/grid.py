@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 
 from ..formulas import Scaled, StationaryFormula
-from ..native import load_source
+from ..native import load_file
 from .engine import ENGINE, additive_form
 
 __all__ = ["GRID_SPACING", "KEPT_FRACTION", "MAX_GRID_POINTS", "MAX_RANK", "MIN_GRID_POINTS", "AdditiveGrid",
@@ -72,7 +72,7 @@ MAX_RANK = 4096
 _OFFSETS = (-1, 0, 1, 2)
 #: The most bytes of rows of :math:`W^\top D^{-1} W` held at once while C is assembled.
 _ROWS_BYTES = 256 * 2**20
-_GRID_SOURCE = (Path(__file__).parent / "grid.c").read_text()
+_GRID_SOURCE = str(Path(__file__).with_name("grid.c"))
 _GRID_ARGTYPES = [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 6
 
 
@@ -243,7 +243,7 @@ class AdditiveGrid:
         weight = torch.stack([w for _, w in located], dim=1).contiguous()     # (N, D, 4)
         ranks = torch.tensor([0, *(r.shape[1] for r in self.roots)]).cumsum(0).tolist()
         upper = torch.zeros(self.rank, self.rank, dtype=torch.float64)        # block rows d, columns e >= d
-        rows_fn = load_source(_GRID_SOURCE, "lk_grid_rows", _GRID_ARGTYPES)
+        rows_fn = load_file(_GRID_SOURCE, "lk_grid_rows", _GRID_ARGTYPES)
         start = 0
         while start < dims:
             stop, held = start + 1, self.axes[start].size * width
