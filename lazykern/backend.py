@@ -42,11 +42,10 @@ from torch import Tensor
 from . import cpu, settings, torch_engine
 from . import triton as triton_engine  # (imports no triton until a kernel runs)
 from .engine import Engine
+from .formulas import Formula, declared
 from .keops.engine import ENGINE as KEOPS
 from .structured import ENGINE as STRUCTURED
 from .row_blocks import row_blocks, rows_per_chunk
-
-Formula = Callable[..., object]
 
 CPU, TRITON, TORCH = cpu.ENGINE, triton_engine.ENGINE, torch_engine.ENGINE
 #: The engines by name (:class:`lazykern.settings.engine`'s values besides ``"auto"``): the one
@@ -132,7 +131,7 @@ def choose_engine(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str,
         if choice == KEOPS.name and on_gpu:
             KEOPS.require(x1.device)
         return ENGINES[choice]
-    if hasattr(formula, "pair_width"):
+    if declared(formula).pair_width is not None:
         return TORCH
     if min(n, m) >= STRUCTURED_MIN_POINTS and STRUCTURED.supports(formula, x1, x2, params):
         return STRUCTURED

@@ -21,11 +21,11 @@ Example:
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Mapping
 
 from torch import Tensor
 
-Formula = Callable[..., object]
+from .formulas import Formula
 
 __all__ = ["Engine"]
 

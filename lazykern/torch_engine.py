@@ -19,15 +19,14 @@ Example:
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 from torch import Tensor
 
 from . import row_blocks
 from .engine import Engine
-
-Formula = Callable[..., object]
+from .formulas import Formula
 
 __all__ = ["ENGINE", "TorchEngine", "rowwise"]
 

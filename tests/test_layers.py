@@ -188,3 +188,27 @@ def test_the_engine_name_check_would_see_one(tmp_path):
     path = tmp_path / "gate.py"
     path.write_text('def gate(engine):\n    """Docstrings may say "cpu"."""\n    return engine in ("cpu", "triton")\n')
     assert [s for s, _ in _string_constants(path)] == ["cpu", "triton"]
+
+
+def _declares_formula(path: pathlib.Path) -> list[int]:
+    """Lines where a module binds the name ``Formula`` itself (a class, an assignment or an alias)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        else:
+            targets = [node] if isinstance(node, ast.ClassDef) else []
+        if any(getattr(t, "id", getattr(t, "name", None)) == "Formula" for t in targets):
+            found.append(node.lineno)
+    return found
+
+
+def test_one_formula_protocol():
+    """What engines rely on in a formula is declared once (:mod:`lazykern.formulas.protocol`) and
+    imported everywhere else, never re-declared as a module's own alias."""
+    wrong = {name: lines for name, path in MODULES.items() if name != "lazykern.formulas.protocol"
+             for lines in [_declares_formula(path)] if lines}
+    assert wrong == {}
+    assert _declares_formula(MODULES["lazykern.formulas.protocol"]), "the check sees the protocol's own class"

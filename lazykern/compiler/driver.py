@@ -42,16 +42,15 @@ Example:
 from __future__ import annotations
 
 import functools
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 from torch import Tensor
 
 from .. import row_blocks
 from ..engine import Engine, Gradients
+from ..formulas import Formula
 from .plan import DTYPES, Reduction, param_spec, program
-
-Formula = Callable[..., object]
 
 __all__ = ["CompiledEngine", "Target", "dense", "matmul", "require_support", "symmetric_gradients"]
 

@@ -27,15 +27,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 from torch import Tensor
 
+from ..formulas import Formula, declared
 from .grad import adjoints
 from .trace import Graph, Node, Unsupported, reachable, trace
-
-Formula = Callable[..., object]
 
 __all__ = ["DTYPES", "Analysis", "Reduction", "analyze", "compact", "plannable", "unsupported"]
 
@@ -212,7 +211,7 @@ def _build_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, d
         w1 = g.leaf("w1", 1)
         pair = job == "sym-pair"
         weights = (("w0", "pair"), ("w1", "pair")) if pair else (("w0", "dot", 0, 0), ("w1", "dot", 1, 1))
-        if getattr(formula, "symmetric", False):  # dk(x_j, x_i)/dx_i = dk(x_i, x_j)/dx_i
+        if declared(formula).symmetric:  # dk(x_j, x_i)/dx_i = dk(x_i, x_j)/dx_i
             seeds_x = [(root, g.binary("add", w0, w1))]
         else:
             seeds_x = [(root, w0), (trace(formula, g, "i", "o", params, d1, d2), w1)]

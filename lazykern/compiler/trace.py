@@ -42,6 +42,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from ..formulas import Formula
 from .ops import OPS, UnknownOp, Unsupported, lookup
 
 __all__ = ["Graph", "Node", "Sym", "Unsupported", "reachable", "trace"]
@@ -420,7 +421,7 @@ for _op in OPS.values():
 
 
 def trace(
-    formula: Callable[..., Any],
+    formula: Formula,
     graph: Graph,
     first: str,
     second: str,

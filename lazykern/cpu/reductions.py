@@ -21,7 +21,7 @@ import ctypes
 import functools
 import platform
 import sys
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 from torch import Tensor
@@ -30,10 +30,9 @@ from ..compiler import driver
 from ..compiler.driver import Buffer, CompiledEngine, Target, flat_buffer
 from ..compiler.plan import Reduction, plannable, unsupported
 from ..compiler.programs import Programs
+from ..formulas import Formula
 from ..native import compiler, load_source
 from .codegen import generate
-
-Formula = Callable[..., object]
 
 __all__ = ["ENGINE", "TARGET", "load", "matmul", "dense", "symmetric_gradients", "supports", "threads"]
 

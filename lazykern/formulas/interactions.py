@@ -472,6 +472,8 @@ class InteractionFormula:
     #: Every kind's terms are symmetric in the two points (the orthogonal ones depend on where the
     #: points are, not only on their difference, but swap with them).
     symmetric = True
+    #: A broadcast over the input width.
+    pair_width = None
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -515,6 +517,8 @@ class GroupFormula:
     base: StationaryFormula
 
     symmetric = True
+    #: A broadcast over the input width.
+    pair_width = None
 
     def __post_init__(self) -> None:
         if self.base.additive:

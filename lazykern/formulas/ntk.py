@@ -122,6 +122,12 @@ class NTKFormula:
 
     parts: tuple[NTKPart, ...]
 
+    #: Not declared symmetric: the fused gradient of K(X, X) is never asked of NTK blocks, and
+    #: False is the answer that is always safe.
+    symmetric = False
+    #: No tensor parameters: everything is in the row features.
+    param_names = ()
+
     @property
     def pair_width(self) -> int:
         """How many numbers the torch engine holds per pair of a row block, namely each part's

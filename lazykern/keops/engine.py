@@ -21,18 +21,17 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 from torch import Tensor
 
 from .. import row_blocks
 from ..engine import Engine, Gradients
+from ..formulas import Formula, declared
 from ..row_blocks import pairwise_params
 from . import health as gpu_health
 from .session import keops_lazy_tensor, keops_session, padded_size
-
-Formula = Callable[..., object]
 
 __all__ = ["ENGINE", "KeOpsEngine"]
 
@@ -98,7 +97,7 @@ class KeOpsEngine(Engine):
         return _KeOpsMatmul.apply(formula, tuple(params), x1, x2, *params.values(), rhs)
 
     def fuses_symmetric_gradient(self, formula: Formula) -> bool:
-        return getattr(formula, "symmetric", False)
+        return declared(formula).symmetric
 
     def health(self, device: Any) -> gpu_health.Health:
         """KeOps' health on a CUDA ``device`` (:func:`lazykern.keops.health.health`: a subprocess the

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 from torch import Tensor
@@ -26,9 +26,8 @@ from torch import Tensor
 from ..compiler import driver
 from ..compiler.driver import Buffer, CompiledEngine, Target, row_buffer
 from ..compiler.plan import Reduction, plannable, unsupported
+from ..formulas import Formula
 from . import build
-
-Formula = Callable[..., object]
 
 __all__ = ["ENGINE", "TARGET", "available", "dense", "matmul", "supports", "symmetric_gradients"]
 
