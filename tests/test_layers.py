@@ -212,3 +212,24 @@ def test_one_formula_protocol():
              for lines in [_declares_formula(path)] if lines}
     assert wrong == {}
     assert _declares_formula(MODULES["lazykern.formulas.protocol"]), "the check sees the protocol's own class"
+
+
+def test_nothing_above_the_chooser_imports_an_engine():
+    """Only the chooser (:mod:`lazykern.backend`) and the engine packages themselves import an engine
+    package: every other module reaches an engine through the chooser and the engine contract."""
+    wrong = [(name, imported) for name in MODULES if _unit(name) not in ENGINES | {"lazykern.backend"}
+             for imported in _lazykern_imports(name) if _unit(imported) in ENGINES]
+    assert wrong == []
+
+
+def test_each_engine_has_one_face():
+    """Every engine of the chooser's table is ``<engine package>.engine.ENGINE``, one per package,
+    and that is what the package exports (no module-level products beside it)."""
+    import importlib
+
+    faces = {unit: importlib.import_module(f"{unit}.engine").ENGINE for unit in ENGINES}
+    assert sorted(faces.values(), key=id) == sorted(backend.ENGINES.values(), key=id)
+    for unit, engine in faces.items():
+        package = importlib.import_module(unit)
+        assert package.ENGINE is engine
+        assert not {"matmul", "dense", "supports", "symmetric_gradients"} & set(vars(package)), unit

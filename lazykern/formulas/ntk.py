@@ -122,10 +122,10 @@ class NTKFormula:
 
     parts: tuple[NTKPart, ...]
 
-    #: Not declared symmetric: the fused gradient of K(X, X) is never asked of NTK blocks, and
-    #: False is the answer that is always safe.
+    #: False, the answer that is always safe, since the fused gradient of K(X, X) is never asked
+    #: of NTK blocks.
     symmetric = False
-    #: No tensor parameters: everything is in the row features.
+    #: Everything is in the row features, nothing in tensor parameters.
     param_names = ()
 
     @property

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from ..formulas import Scaled, StationaryFormula
-from .engine import ENGINE, additive_form
+from .forms import additive_form, plan
 
 __all__ = ["GRID_SPACING", "KEPT_FRACTION", "MAX_GRID_POINTS", "MAX_RANK", "MAX_TERMS", "MIN_GRID_POINTS", "AdditiveGrid",
            "additive_terms", "cubic_weights"]
@@ -103,7 +103,7 @@ def additive_terms(formula: object, x: Tensor, params: Mapping[str, Tensor]) -> 
         >>> one, scales.tolist()
         (StationaryFormula(family='matern', additive=False, nu=1.5), [[2.0, 2.0, 2.0]])
     """
-    if not ENGINE.supports(formula, x, x, params) or x.shape[-1] > MAX_TERMS:
+    if not plan(formula, x, x, params) or x.shape[-1] > MAX_TERMS:
         return None
     form = additive_form(formula, params)
     return dataclasses.replace(form.terms, additive=False), form.scales
