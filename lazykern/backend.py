@@ -52,8 +52,8 @@ from .engine import Engine, Plan, Preconditioner, ProgramCount
 from .formulas import Formula, declared
 from .keops.engine import ENGINE as KEOPS
 from .row_blocks import row_blocks, rows_per_chunk
-from .structured.engine import ENGINE as STRUCTURED
 from .structured import grid
+from .structured.engine import ENGINE as STRUCTURED
 from .torch_engine.engine import ENGINE as TORCH
 from .triton.engine import ENGINE as TRITON  # (imports no triton until a kernel runs)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, NamedTuple
 
-import torch
 from torch import Tensor
 
 from ..formulas import Formula, InteractionFormula, Scaled, StationaryFormula
@@ -34,6 +33,7 @@ def additive_form(formula: Formula, params: Mapping[str, Tensor]) -> AdditiveFor
     """The first-order additive form of ``formula`` with ``params``, or ``None`` where it has none.
 
     Example:
+        >>> import torch
         >>> f = InteractionFormula(StationaryFormula("matern", nu=2.5), max_degree=1)
         >>> form = additive_form(Scaled(f), {"order_variances": torch.full((1, 1), 3.0),
         ...                                  "scales": torch.ones(1, 3), "outputscale": torch.full((1, 1), 2.0)})
@@ -65,6 +65,7 @@ def plan(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor])
     width, else ``None``.
 
     Example:
+        >>> import torch
         >>> x = torch.randn(5, 3, dtype=torch.float64)
         >>> f = StationaryFormula("matern", additive=True, nu=1.5)
         >>> plan(f, x, x, {"scales": torch.ones(1, 3)}).scales.shape, plan(f, x, x[:, :2], {"scales": torch.ones(1, 3)})
