@@ -1,4 +1,4 @@
-"""CG's products on the dense cache: torch's ``K @ V`` (BLAS gemm) against ``lazykern.cpu.dense_matmul``.
+"""CG's products on the dense cache: torch's ``K @ V`` (BLAS gemm) against ``lazykern.cpu.dense_matmul.dense_matmul``.
 
 A training step on the dense path multiplies the cached N x N kernel matrix by a few columns (the
 targets and the probe vectors: 11 with GPyTorch's defaults) once per CG iteration. Both products
@@ -30,7 +30,7 @@ from additive import machine  # noqa: E402  (one machine description for the ben
 def measure(n: int, columns: list[int], repeats: int) -> list[dict]:
     import torch
 
-    from lazykern.cpu import dense_matmul
+    from lazykern.cpu.dense_matmul import dense_matmul
 
     rows = []
     gen = torch.Generator().manual_seed(0)

@@ -7,8 +7,8 @@ standard normal), C right-hand sides, float32 and float64, measured as pair.dim/
   dimension-major inputs, ``-O3 -march=native -ffast-math``), compiled by this script;
 * ``keops``: ``lazykern.backend.pairwise_matmul`` forced onto KeOps (12 columns padded to 16, as
   lazykern's KeOps path pads), and ``keops-unpadded`` (the same reduction with 12 columns);
-* ``engine``: ``lazykern.cpu.matmul`` (lazykern's own CPU engine; no padding needed);
-* ``dense-engine`` / ``dense-torch``: the N x N matrix from ``lazykern.cpu.dense`` and from today's
+* ``engine``: ``lazykern.cpu.ENGINE.matmul`` (lazykern's own CPU engine; no padding needed);
+* ``dense-engine`` / ``dense-torch``: the N x N matrix from ``lazykern.cpu.ENGINE.dense`` and from today's
   torch engine, ``lazykern.backend.pairwise_dense``; ``first_s`` is the first full-size build in
   the process (as in a training step: formulas compiled before, on 1000 points);
 * ``grad-engine`` / ``grad-keops``: the fused gradient pass of a training step,
@@ -130,7 +130,7 @@ def _maker(method: str, dtype_name: str, c: int, n: int, data: str):
 
         def make(k: int):
             xk, vk = pick(k)
-            return lambda: cpu.matmul(formula, xk, xk, {"scales": scales}, vk)
+            return lambda: cpu.ENGINE.matmul(formula, xk, xk, {"scales": scales}, vk)
 
     elif method == "keops":
 
@@ -161,7 +161,7 @@ def _maker(method: str, dtype_name: str, c: int, n: int, data: str):
         def make(k: int):
             xk, _ = pick(k)
             if method == "dense-engine":
-                return lambda: cpu.dense(formula, xk, xk, {"scales": scales})
+                return lambda: cpu.ENGINE.dense(formula, xk, xk, {"scales": scales})
 
             def run():
                 with torch.no_grad():
@@ -171,13 +171,13 @@ def _maker(method: str, dtype_name: str, c: int, n: int, data: str):
 
     elif method in ("grad-engine", "grad-keops"):
         s = scales.clone().requires_grad_()
-        engine = cpu if method == "grad-engine" else backend
+        engine = cpu.ENGINE if method == "grad-engine" else backend
 
         def make(k: int):
             xk, vk = pick(k)
             xk = xk.clone().requires_grad_()
             wk = w[:k].contiguous()
-            return lambda: engine.symmetric_gradients(formula, xk, {"scales": s}, vk, wk)
+            return lambda: engine.symmetric_gradients(formula, xk, xk, {"scales": s}, vk, wk)
 
     else:
         raise ValueError(method)

@@ -14,7 +14,7 @@ import importlib
 import warnings
 from typing import Any
 
-from .keops import messages as keops_messages
+from . import keops_messages
 
 # linear_operator 0.6 applies torch.jit.script when imported, which torch >= 2.14 deprecates with a
 # FutureWarning on every run of every program that imports lazykern: a notice about a dependency's

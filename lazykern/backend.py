@@ -1,7 +1,8 @@
 """The engine chooser: which engine evaluates a kernel formula, picked once per call from one table.
 
-Four engines evaluate the same formula (:mod:`lazykern.formulas`), each one object behind the
-contract of :class:`lazykern.engine.Engine`, listed in :data:`ENGINES`:
+Five engines evaluate the same formulas (:mod:`lazykern.formulas`), each one object behind the
+contract of :class:`lazykern.engine.Engine` (``lazykern.<package>.engine.ENGINE``), listed in
+:data:`ENGINES`:
 
 * **cpu** (:mod:`lazykern.cpu`): lazykern's compiler with its C target: the formula is traced,
   differentiated and compiled to C that vectorizes across pairs; memory is O((N + M) * D). The
@@ -16,11 +17,17 @@ contract of :class:`lazykern.engine.Engine`, listed in :data:`ENGINES`:
   densely, at most :class:`lazykern.settings.chunk_bytes` at a time; the backward pass recomputes
   blocks instead of keeping them. Small problems, formulas that multiply matrices (the NTK's, which
   BLAS does best), and the dense blocks of engines without a dense output.
+* **structured** (:mod:`lazykern.structured`): first-order additive Matérn and RBF kernels in
+  O((N + M) d) per product, and a preconditioner of solves with them.
 
 Every engine's second and higher derivatives come from the row blocks they share
 (:mod:`lazykern.row_blocks`). :func:`choose_engine` picks an engine once per call of
-:func:`pairwise_matmul`, :func:`pairwise_dense` and :func:`symmetric_gradients`, and the call
-goes to that engine's method; nothing above this module names an engine.
+:func:`pairwise_matmul`, :func:`pairwise_dense` and :func:`symmetric_gradients`, with its plan for
+the call's tensors (a :class:`Choice`), and the call goes to that engine's method with the plan; a
+caller that wants a particular engine (the NTK's backends) names it (:func:`preferred`). What else
+the layers above ask of the engines comes through here too: products of a stored dense matrix
+(:func:`dense_matmul`), preconditioners (:func:`preconditioner`) and the programs compiled so far
+(:func:`program_counts`). Nothing above this module imports an engine.
 
 Parameters arrive with ``(*batch, 1, K)`` shapes (the ``KernelLinearOperator`` convention) and are
 handed to the engines in name order: compiled programs are keyed by the order of their parameters,
@@ -33,45 +40,64 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 import torch
 import torch.utils.checkpoint
 from torch import Tensor
 
-from . import cpu, settings, torch_engine
-from . import triton as triton_engine  # (imports no triton until a kernel runs)
-from .engine import Engine
+from . import settings
+from .cpu.engine import ENGINE as CPU
+from .engine import Engine, Plan, Preconditioner, ProgramCount
+from .formulas import Formula, declared
 from .keops.engine import ENGINE as KEOPS
-from .structured import ENGINE as STRUCTURED
 from .row_blocks import row_blocks, rows_per_chunk
+from .structured import grid
+from .structured.engine import ENGINE as STRUCTURED
+from .torch_engine.engine import ENGINE as TORCH
+from .triton.engine import ENGINE as TRITON  # (imports no triton until a kernel runs)
 
-Formula = Callable[..., object]
-
-CPU, TRITON, TORCH = cpu.ENGINE, triton_engine.ENGINE, torch_engine.ENGINE
 #: The engines by name (:class:`lazykern.settings.engine`'s values besides ``"auto"``): the one
 #: table :func:`choose_engine` picks from.
 ENGINES: dict[str, Engine] = {engine.name: engine for engine in (CPU, KEOPS, TRITON, TORCH, STRUCTURED)}
+
+__all__ = [
+    "ENGINES",
+    "PRECONDITIONER_MAX_RANK",
+    "STRUCTURED_MIN_POINTS",
+    "Choice",
+    "choose_engine",
+    "dense_matmul",
+    "elementwise",
+    "engine_for",
+    "engine_report",
+    "fold_columns",
+    "pairwise_dense",
+    "pairwise_matmul",
+    "preconditioner",
+    "preferred",
+    "program_counts",
+    "rows_per_chunk",
+    "symmetric_gradients",
+]
 
 #: ``"auto"`` gives the structured engine the formulas it takes once both sides have this many
 #: points: below it a pair engine's N x M work costs less than sorting and walking.
 STRUCTURED_MIN_POINTS = 128
 
-__all__ = [
-    "ENGINES",
-    "STRUCTURED_MIN_POINTS",
-    "dense_matmul",
-    "choose_engine",
-    "elementwise",
-    "engine_for",
-    "symbolic_engine",
-    "engine_report",
-    "fold_columns",
-    "pairwise_dense",
-    "pairwise_matmul",
-    "rows_per_chunk",
-    "symmetric_gradients",
-]
+#: The most directions an engine's preconditioner keeps (the grid's,
+#: :data:`lazykern.structured.grid.MAX_RANK`), for the policies above the chooser that ask for fewer.
+PRECONDITIONER_MAX_RANK = grid.MAX_RANK
+
+
+class Choice(NamedTuple):
+    """The engine picked for one call, and its plan of the call's formula on its tensors
+    (:meth:`lazykern.engine.Engine.supports`), handed to the engine's method; ``plan`` ``None``: not
+    planned here (a forced or preferred engine), the engine plans when it runs and raises
+    ``ValueError`` where it cannot."""
+
+    engine: Engine
+    plan: Plan | None = None
 
 
 def _eager(fn: Callable) -> Callable:
@@ -94,15 +120,17 @@ def _eager(fn: Callable) -> Callable:
     return run
 
 
-def choose_engine(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Engine:
+def choose_engine(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Choice:
     """The engine (from :data:`ENGINES`) that evaluates ``formula`` on these tensors under the
-    current :class:`lazykern.settings.engine`.
+    current :class:`lazykern.settings.engine`, with its plan of them (a :class:`Choice`: the
+    question each engine is asked on the way, :meth:`~lazykern.engine.Engine.supports`, is not
+    asked again by the call). Parameters are planned in name order, as the engines receive them.
 
     ``"auto"``: the torch engine for formulas that declare a ``pair_width`` (matrix products, best
     left to BLAS); else, for CPU tensors with at least :data:`STRUCTURED_MIN_POINTS` points on both
     sides, the structured engine where it takes the formula (:mod:`lazykern.structured`: first-order
     additive Matérn and RBF terms, O((N + M) d) per product); else the CPU engine for CPU tensors it
-    supports (:func:`lazykern.cpu.supports`;
+    supports (:mod:`lazykern.cpu.engine`;
     it compiles in about a second and beats the torch engine's row blocks at any size); else, when
     both sides have at least :class:`lazykern.settings.keops_min_size` points (a GPU compile costs
     seconds), KeOps, on a CUDA device only where it passes its health check
@@ -120,29 +148,30 @@ def choose_engine(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str,
         >>> import torch
         >>> from lazykern.formulas import StationaryFormula
         >>> x = torch.randn(50, 3, dtype=torch.float64)
-        >>> choose_engine(StationaryFormula("rbf"), x, x, {}) is ENGINES["cpu"]
+        >>> choose_engine(StationaryFormula("rbf"), x, x, {}).engine is ENGINES["cpu"]
         True
     """
     n, m = x1.shape[-2], x2.shape[-2]
     if n < 2 or m < 2:
-        return TORCH
+        return Choice(TORCH)
     choice = settings.engine.value()
     on_gpu = x1.device.type == "cuda"
     if choice != "auto":
         if choice == KEOPS.name and on_gpu:
             KEOPS.require(x1.device)
-        return ENGINES[choice]
-    if hasattr(formula, "pair_width"):
-        return TORCH
-    if min(n, m) >= STRUCTURED_MIN_POINTS and STRUCTURED.supports(formula, x1, x2, params):
-        return STRUCTURED
-    if CPU.supports(formula, x1, x2, params):
-        return CPU
+        return Choice(ENGINES[choice])
+    if declared(formula).pair_width is not None:
+        return Choice(TORCH)
+    params = _in_name_order(params)
+    if min(n, m) >= STRUCTURED_MIN_POINTS and (plan := STRUCTURED.supports(formula, x1, x2, params)):
+        return Choice(STRUCTURED, plan)
+    if plan := CPU.supports(formula, x1, x2, params):
+        return Choice(CPU, plan)
     threshold = settings.keops_min_size.value()
     if n < threshold or m < threshold:
-        return TORCH
+        return Choice(TORCH)
     if not on_gpu:
-        return KEOPS
+        return Choice(KEOPS)
     return _gpu_engine(x1.device, formula, x1, x2, params)
 
 
@@ -157,35 +186,39 @@ def engine_for(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Te
         >>> engine_for(StationaryFormula("rbf"), x, x, {})
         'cpu'
     """
-    return choose_engine(formula, x1, x2, params).name
+    return choose_engine(formula, x1, x2, params).engine.name
 
 
-def symbolic_engine(device: torch.device | str) -> str:
-    """The engine of a symbolic reduction that its caller has already decided to run symbolically
-    rather than by BLAS (the NTK's ``"keops"`` backend, whose formulas declare a ``pair_width``
-    and so get the torch engine under ``"auto"``): KeOps off a GPU; on a CUDA device the choice of
-    :func:`engine_for`, KeOps where it passes its health check, else the Triton engine where it
-    runs, else the torch engine (one warning names KeOps' problem and the engine used).
+def preferred(name: str, device: torch.device | str) -> Choice:
+    """The engine a caller names for its reductions on ``device`` (the NTK's backends: ``"keops"``
+    for symbolic reductions, ``"torch"`` for matrix products by BLAS, whatever
+    :class:`lazykern.settings.engine` says), unplanned: that engine, except KeOps on a CUDA device
+    where it fails its health check, where it is the choice of :func:`choose_engine` there: the
+    Triton engine where it runs, else the torch engine (one warning names KeOps' problem and the
+    engine used).
 
     Example:
-        >>> from lazykern import backend
-        >>> backend.symbolic_engine("cpu")
-        'keops'
+        >>> preferred("keops", "cpu")
+        Choice(engine=<lazykern engine 'keops'>, plan=None)
     """
     device = torch.device(device)
-    if device.type != "cuda":
-        return KEOPS.name
-    return _gpu_engine(device, None, None, None, {}).name
+    engine = ENGINES[name]
+    if engine is KEOPS and device.type == "cuda":
+        return _gpu_engine(device, None, None, None, {})
+    return Choice(engine)
 
 
 def _gpu_engine(device: torch.device, formula: Formula | None, x1: Tensor | None, x2: Tensor | None,
-                params: Mapping[str, Tensor]) -> Engine:
+                params: Mapping[str, Tensor]) -> Choice:
+    """KeOps where it passes its health check on ``device``; else Triton where it runs (and takes
+    ``formula``, when one is given), else torch, with one warning."""
     health = KEOPS.health(device)
     if health.ok:
-        return KEOPS
-    engine = TRITON if _triton_runs(formula, x1, x2, params) else TORCH
-    _warn_once(f"{health.cause}; using the {engine.name} engine instead")
-    return engine
+        return Choice(KEOPS)
+    plan = _triton_runs(formula, x1, x2, params)
+    choice = Choice(TRITON, None if formula is None else plan) if plan else Choice(TORCH)
+    _warn_once(f"{health.cause}; using the {choice.engine.name} engine instead")
+    return choice
 
 
 _warned: set[str] = set()
@@ -194,15 +227,17 @@ _warned: set[str] = set()
 def _warn_once(message: str) -> None:
     if message not in _warned:
         _warned.add(message)
-        # _warn_once <- _gpu_engine <- choose_engine / symbolic_engine <- their caller <- its caller
+        # _warn_once <- _gpu_engine <- choose_engine / preferred <- their caller <- its caller
         warnings.warn(message, RuntimeWarning, stacklevel=5)
 
 
-def _triton_runs(formula: Formula | None, x1: Tensor | None, x2: Tensor | None, params: Mapping[str, Tensor]) -> bool:
-    """Whether lazykern's Triton engine runs here (and takes ``formula``, when one is given)."""
-    if not triton_engine.available():  # Triton not installed, or neither a GPU nor its interpreter
+def _triton_runs(formula: Formula | None, x1: Tensor | None, x2: Tensor | None,
+                 params: Mapping[str, Tensor]) -> Plan | bool:
+    """Whether lazykern's Triton engine runs here: its plan of ``formula`` on these tensors where a
+    formula is given, else whether it is available at all."""
+    if not TRITON.available():  # Triton not installed, or neither a GPU nor its interpreter
         return False
-    return formula is None or TRITON.supports(formula, x1, x2, params)
+    return True if formula is None else TRITON.supports(formula, x1, x2, params)
 
 
 def engine_report(device: torch.device | str | None = None) -> str:
@@ -272,9 +307,10 @@ def symmetric_gradients(
     r"""Gradients of :math:`\sum_{ij} \langle l_i, r_j\rangle k(x^{(1)}_i, x^{(2)}_j)` in ONE reduction,
     for ``x1`` and ``x2`` holding the same points (K(X, X)), on the engine :func:`choose_engine`
     picks, where that engine fuses it (:meth:`lazykern.engine.Engine.fuses_symmetric_gradient`):
-    the compiled engines any formula (:func:`lazykern.cpu.symmetric_gradients`), KeOps symmetric
-    formulas (:meth:`lazykern.keops.engine.KeOpsEngine.symmetric_gradients`). The parameter
-    gradients ride along in the same reduction.
+    the compiled engines any formula (:func:`lazykern.compiler.driver.symmetric_gradients`), KeOps
+    symmetric formulas (:meth:`lazykern.keops.engine.KeOpsEngine.symmetric_gradients`), the
+    structured engine the formulas it takes. The parameter gradients ride along in the same
+    reduction.
 
     Args:
         x1, x2: ``(*batch, N, D)``, equal values (the caller checks); distinct tensors get distinct
@@ -294,10 +330,10 @@ def symmetric_gradients(
     left, right = fold_columns(left.expand(shape), batch), fold_columns(right.expand(shape), batch)
     if left is None or right is None:
         return None
-    engine = choose_engine(formula, x1, x2, params)
+    engine, plan = choose_engine(formula, x1, x2, params)
     if not engine.fuses_symmetric_gradient(formula):
         return None
-    return engine.symmetric_gradients(formula, x1, x2, params, left, right)
+    return engine.symmetric_gradients(formula, x1, x2, params, left, right, plan)
 
 
 def _broadcast_rhs(x1: Tensor, rhs: Tensor) -> Tensor:
@@ -307,35 +343,36 @@ def _broadcast_rhs(x1: Tensor, rhs: Tensor) -> Tensor:
 
 @_eager
 def pairwise_matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor,
-                    engine: Engine | None = None) -> Tensor:
+                    choice: Choice | None = None) -> Tensor:
     """``K(x1, x2) @ rhs`` without storing K. ``x1``: (..., N, D), ``x2``: (..., M, D), ``rhs``: (..., M, C);
-    ``engine``: the one :func:`choose_engine` gave the caller for this call, if it asked already."""
+    ``choice``: the one :func:`choose_engine` (or :func:`preferred`) gave the caller for this call,
+    if it asked already."""
     params = _in_name_order(params)
     vector = rhs.dim() == 1
     if vector:
         rhs = rhs.unsqueeze(-1)
     rhs = _broadcast_rhs(x1, rhs)
-    engine = engine or choose_engine(formula, x1, x2, params)
-    out = engine.matmul(formula, x1, x2, params, rhs)
+    engine, plan = choice or choose_engine(formula, x1, x2, params)
+    out = engine.matmul(formula, x1, x2, params, rhs, plan)
     return out.squeeze(-1) if vector else out
 
 
 @_eager
 def dense_matmul(dense: Tensor, rhs: Tensor) -> Tensor:
-    """``dense @ rhs`` for a stored kernel matrix: the CPU engine's few-column product
-    (:mod:`lazykern.cpu.dense_matmul`) where it applies and the engine setting allows the CPU
-    engine (``"auto"`` or ``"cpu"``), else torch's ``matmul``."""
-    if settings.engine.value() in ("auto", CPU.name) and cpu.supports_dense_matmul(dense, rhs):
-        return cpu.dense_matmul(dense, rhs)
-    return dense @ rhs
+    """``dense @ rhs`` for a stored kernel matrix: the engine's own product
+    (:meth:`lazykern.engine.Engine.dense_matmul`; the CPU engine's few-column loop under ``"auto"``)
+    where it has one for these tensors, else torch's ``matmul``."""
+    choice = settings.engine.value()
+    out = (CPU if choice == "auto" else ENGINES[choice]).dense_matmul(dense, rhs)
+    return dense @ rhs if out is None else out
 
 
 @_eager
 def pairwise_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
-                   engine: Engine | None = None) -> Tensor:
+                   choice: Choice | None = None) -> Tensor:
     """The (..., N, M) kernel matrix, built in row blocks so N x M x D never exists. Entries below
     the normal floating-point range are written as zeros (they would slow LAPACK down tenfold).
-    ``engine``: as for :func:`pairwise_matmul`.
+    ``choice``: as for :func:`pairwise_matmul`.
 
     On the compiled engines the whole matrix is one compiled pass (measured on the CPU: as fast as
     one lazy pass). KeOps and the structured engine have no dense output: under ``"auto"`` their
@@ -346,11 +383,48 @@ def pairwise_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str
     0.19 s compiled against 1.5 s in row blocks (float32; 0.42 s against 2.8 s in float64; Intel
     Xeon, one thread)."""
     params = _in_name_order(params)
-    engine = engine or choose_engine(formula, x1, x2, params)
-    dense = engine.dense(formula, x1, x2, params)
-    if dense is None and settings.engine.value() == "auto" and engine is not CPU and CPU.supports(formula, x1, x2, params):
-        dense = CPU.dense(formula, x1, x2, params)
+    engine, plan = choice or choose_engine(formula, x1, x2, params)
+    dense = engine.dense(formula, x1, x2, params, plan)
+    if dense is None and settings.engine.value() == "auto" and engine is not CPU:
+        plan = CPU.supports(formula, x1, x2, params)
+        dense = CPU.dense(formula, x1, x2, params, plan) if plan else None
     return TORCH.dense(formula, x1, x2, params) if dense is None else dense
+
+
+def preconditioner(formula: Formula, x: Tensor, params: Mapping[str, Tensor]) -> Callable[..., Preconditioner] | None:
+    """A builder of a preconditioner of ``K(x, x) + diag(noise)`` from an engine's structure of
+    ``formula`` (:meth:`lazykern.engine.Engine.preconditioner`: ``build(noise, max_rank=...)``),
+    from the first engine in :data:`ENGINES` that has one, whatever the engine setting (a
+    preconditioner only approximates :math:`K`, and the solver applies it, not an engine's
+    products); ``None`` where none has.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.formulas import StationaryFormula
+        >>> x, s = torch.rand(300, 2, dtype=torch.float64), {"scales": torch.ones(1, 2, dtype=torch.float64)}
+        >>> build = preconditioner(StationaryFormula("rbf", additive=True), x, s)
+        >>> P = build(torch.full((300,), 0.1, dtype=torch.float64))
+        >>> v = torch.randn(300, 2, dtype=torch.float64)
+        >>> torch.allclose(P.matmul(P.solve(v)), v), preconditioner(StationaryFormula("rbf"), x, {}) is None
+        (True, True)
+    """
+    params = _in_name_order(params)
+    builds = (engine.preconditioner(formula, x, params) for engine in ENGINES.values())
+    return next((build for build in builds if build is not None), None)
+
+
+def program_counts(device: torch.device | str) -> list[ProgramCount]:
+    """What each engine that compiles has compiled and loaded so far for ``device``
+    (:meth:`lazykern.engine.Engine.program_count`), in the order of :data:`ENGINES`: two calls
+    bracket a warm-up (:func:`lazykern.warmup.precompile`). On a CUDA device it runs KeOps' health
+    check first.
+
+    Example:
+        >>> [len(count.folders) for count in program_counts("cpu")]  # the C toolchain's, lazykern's KeOps folder
+        [1, 1]
+    """
+    counts = (engine.program_count(torch.device(device)) for engine in ENGINES.values())
+    return [count for count in counts if count.folders]
 
 
 def elementwise(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:

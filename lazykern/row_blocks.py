@@ -38,8 +38,7 @@ import torch
 from torch import Tensor
 
 from . import settings
-
-Formula = Callable[..., object]
+from .formulas import Formula, declared
 
 __all__ = ["block", "pairwise_params", "block_columns", "block_rows", "row_blocks", "rows_per_chunk", "vjp"]
 
@@ -84,7 +83,8 @@ def _pair_items(formula: Formula, x1: Tensor, x2: Tensor, params: Sequence[Tenso
     # formula that multiplies matrices instead of broadcasting (the NTK's) says how many numbers it
     # holds per pair; the default is the D of a distance-based formula's broadcast.
     batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2], *(p.shape[:-2] for p in params))
-    return batch.numel() * getattr(formula, "pair_width", x2.shape[-1])
+    width = declared(formula).pair_width
+    return batch.numel() * (x2.shape[-1] if width is None else width)
 
 
 # ---------------------------------------------------------------------------- derivatives of any order

@@ -1,6 +1,8 @@
 """Compile a kernel's reductions ahead of time (a warm-up before training or serving).
 
 The function is ``lazykern.precompile`` (:func:`precompile`); this module holds it and its report.
+What was compiled and loaded, and where, it asks of the engines through the chooser
+(:func:`lazykern.backend.program_counts`), never of an engine's folders itself.
 """
 
 from __future__ import annotations
@@ -15,9 +17,8 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 import torch
 from gpytorch.kernels import Kernel
 
-from . import backend, keops, settings
-from .keops.health import health as keops_health
-from . import native
+from . import backend, settings
+from .engine import ProgramCount
 from .validation import check_positive_int, check_positive_ints
 
 __all__ = ["precompile", "PrecompileReport"]
@@ -34,9 +35,10 @@ class PrecompileReport(NamedTuple):
     Attributes:
         folder: the cache folder holding the programs this call compiled or loaded: the CPU
             engine's folder (:func:`lazykern.native.cache_folder`), lazykern's KeOps build folder
-            (:func:`lazykern.keops.build_folder`) or, for a kernel on a GPU, KeOps' own build folder;
-            the common parent of those the call used (of all of them when it used none).
-        compiled: programs compiled by this call (both engines).
+            (:func:`lazykern.keops.build_folder`) or, for a kernel on a GPU, KeOps' own build folder
+            (each engine names its own: :meth:`lazykern.engine.Engine.program_count`); the common
+            parent of those the call used (of all of them when it used none).
+        compiled: programs compiled by this call (every engine's).
         cached: programs this call loaded, compiled earlier (by any process) into the cache; programs
             this process had loaded already count in neither.
         seconds: wall time of the call.
@@ -59,16 +61,6 @@ def _infer_dims(kernel: Kernel) -> int | None:
     return None
 
 
-def _keops_folders(device: torch.device) -> list[tuple[str, tuple[str, ...]]]:
-    """KeOps' build folders for ``device`` and the name prefixes of the programs compiled into them."""
-    folders = [(keops.build_folder(), ("pykeops_cpp_",))]
-    if device.type == "cuda":  # KeOps' GPU reductions go to its own folder, as cubin or PTX files
-        from keopscore.config import config
-
-        folders.append((config.get_build_folder(), ("cubin_", "ptx_")))
-    return folders
-
-
 def _entries(folder: str) -> set[str]:
     try:
         return set(os.listdir(folder))
@@ -76,20 +68,11 @@ def _entries(folder: str) -> set[str]:
         return set()
 
 
-def _keops_programs(folders: list[tuple[str, tuple[str, ...]]]) -> set[str]:
-    return {
-        os.path.join(folder, name)
-        for folder, prefixes in folders
-        for name in _entries(folder)
-        if name.startswith(prefixes) and not name.endswith((".cpp", ".cu"))
-    }
-
-
 @contextlib.contextmanager
 def _watch(folders: list[str], on_compile: Callable[[str], None] | None) -> Iterator[None]:
     """Calls ``on_compile(folder)`` once, from a helper thread, with the first of ``folders`` in
-    which an entry appears: both engines write a program's source (and its lock) there before
-    compiling it."""
+    which an entry appears: an engine writes a program's source (and its lock) into its folders
+    before compiling it (:class:`lazykern.engine.ProgramCount`)."""
     if on_compile is None:
         yield
         return
@@ -176,6 +159,23 @@ def precompile(
         (5, 0)
     """
     start = time.perf_counter()
+    dims, columns = _checked(kernel, dtype, dims, columns, points, on_compile)
+    # A copy, so that converting to ``dtype`` neither rounds nor moves the caller's parameters.
+    kernel = copy.deepcopy(kernel).to(dtype)
+    device = next((p.device for p in kernel.parameters()), torch.device("cpu"))
+    before = backend.program_counts(device)  # on a GPU after KeOps' health check, whose probe compiles too
+    watched = [folder for count in before for folder in count.folders]
+    # A few points stand for many: the size threshold of KeOps is lifted unless the real problem is below it.
+    lift = points is None or points >= settings.keops_min_size.value()
+    sizes = settings.keops_min_size(0) if lift else contextlib.nullcontext()
+    with _watch(watched, on_compile), sizes, settings.max_dense_bytes(0):
+        _run(kernel, dims, columns, gradients, dtype, device)
+    return _report(before, backend.program_counts(device), watched, time.perf_counter() - start)
+
+
+def _checked(kernel: Kernel, dtype: torch.dtype, dims: int | None, columns: Sequence[int], points: int | None,
+             on_compile: Callable[[str], None] | None) -> tuple[int, tuple[int, ...]]:
+    """:func:`precompile`'s arguments checked: the input dimension (inferred where not given) and the columns."""
     if not isinstance(kernel, Kernel):
         raise TypeError(f"kernel must be a gpytorch.kernels.Kernel, got {type(kernel).__name__}")
     if dtype not in (torch.float32, torch.float64):
@@ -190,27 +190,16 @@ def precompile(
         check_positive_int("points", points)
     if on_compile is not None and not callable(on_compile):
         raise TypeError(f"on_compile must be callable or None, got {type(on_compile).__name__}")
+    return dims, columns
 
-    # A copy, so that converting to ``dtype`` neither rounds nor moves the caller's parameters.
-    kernel = copy.deepcopy(kernel).to(dtype)
-    device = next((p.device for p in kernel.parameters()), torch.device("cpu"))
-    if device.type == "cuda":  # KeOps' health check first: its probe's compile is not one of the kernel's
-        keops_health(device)
-    keops_folders = _keops_folders(device)
-    cpu_folder = native.cache_folder()
-    watched = [cpu_folder] + [folder for folder, _ in keops_folders]
-    keops_before = _keops_programs(keops_folders)
-    compiles_before = len(native.compile_log)
-    cpu_loaded_before, keops_loaded_before = native.loaded_programs(), keops.loaded_reductions()
 
+def _run(kernel: Kernel, dims: int, columns: Sequence[int], gradients: bool, dtype: torch.dtype,
+         device: torch.device) -> None:
+    """The products, gradients and dense build of :func:`precompile` on a few random points."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(*kernel.batch_shape, _WARMUP_POINTS, dims, generator=generator, dtype=dtype).to(device)
     params = [p for p in kernel.parameters() if p.requires_grad]
-    # A few points stand for many: the size threshold of KeOps is lifted unless the real problem is below it.
-    lift = points is None or points >= settings.keops_min_size.value()
-    sizes = settings.keops_min_size(0) if lift else contextlib.nullcontext()
-    with _watch(watched, on_compile), sizes, settings.max_dense_bytes(0), \
-            torch.set_grad_enabled(gradients and bool(params)):
+    with torch.set_grad_enabled(gradients and bool(params)):
         for c in sorted(set(columns)):
             rhs = torch.randn(*x.shape[:-1], c, generator=generator, dtype=dtype).to(device)
             out = kernel(x, x) @ rhs
@@ -222,12 +211,12 @@ def precompile(
         # CG's products on the dense cache (the CPU engine's few-column loop, where it applies).
         backend.dense_matmul(dense.detach(), torch.ones(*dense.shape[:-1], 2, dtype=dtype, device=device))
 
-    keops_compiled = len(_keops_programs(keops_folders) - keops_before)
-    compiled = len(native.compile_log) - compiles_before + keops_compiled
-    cpu_loaded = native.loaded_programs() - cpu_loaded_before
-    keops_loaded = keops.loaded_reductions() - keops_loaded_before
-    used = [cpu_folder] if cpu_loaded else []
-    if keops_loaded or keops_compiled:
-        used += [f for f, _ in keops_folders]
-    folder = os.path.commonpath(used or watched)
-    return PrecompileReport(folder, compiled, max(cpu_loaded + keops_loaded - compiled, 0), time.perf_counter() - start)
+
+def _report(before: list[ProgramCount], after: list[ProgramCount], watched: list[str], seconds: float) -> PrecompileReport:
+    """The report of a warm-up from the engines' counts before and after it: the folder is the
+    common parent of those of the engines that compiled or loaded something (of all watched folders
+    when none did)."""
+    compiled = sum(a.compiled - b.compiled for a, b in zip(after, before))
+    loaded = sum(a.loaded - b.loaded for a, b in zip(after, before))
+    used = [folder for a, b in zip(after, before) if a != b for folder in a.folders]
+    return PrecompileReport(os.path.commonpath(used or watched), compiled, max(loaded - compiled, 0), seconds)

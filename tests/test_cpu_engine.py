@@ -123,7 +123,7 @@ def test_matmul_values_and_gradients(case):
     weights = torch.randn(N, 2, dtype=DT)
     tensors = [x1, x2, rhs, *used(case, hp)]
     formula, a, b, params = formula_args(case, x1, x2, hp)
-    out = cpu.matmul(formula, a, b, params, rhs)
+    out = cpu.ENGINE.matmul(formula, a, b, params, rhs)
     expected = reference_kernel(case, x1, x2, hp) @ rhs
     assert_close(out, expected)
     for g, e in zip(grads(out, weights, tensors), grads(expected, weights, tensors)):
@@ -142,7 +142,7 @@ def test_symmetric_gradients_in_one_pass(case, monkeypatch):
     calls = []
     load = cpu_reductions.load
     monkeypatch.setattr(cpu_reductions, "load", lambda red: calls.append(red) or load(red))
-    gx, gp = cpu.symmetric_gradients(formula, a, params, left, right)
+    gx, _, gp = cpu.ENGINE.symmetric_gradients(formula, a, a, params, left, right)
     assert len(calls) == 1  # one pass for x and every parameter
     outputs = [a] + list(params.values())
     actual = torch.autograd.grad(outputs, tensors, [gx] + [gp[n] for n in params])
@@ -168,7 +168,7 @@ def test_dense_values_and_gradients(case):
     weights = torch.randn(N, M, dtype=DT)
     tensors = [x1, x2, *used(case, hp)]
     formula, a, b, params = formula_args(case, x1, x2, hp)
-    K = cpu.dense(formula, a, b, params)
+    K = cpu.ENGINE.dense(formula, a, b, params)
     expected = reference_kernel(case, x1, x2, hp)
     assert K.shape == (N, M)
     assert_close(K, expected)
@@ -185,9 +185,9 @@ def test_gradcheck_matmul_and_dense():
     rhs = torch.randn(4, 2, dtype=DT, requires_grad=True)
     alpha = torch.tensor([[0.8]], dtype=DT, requires_grad=True)
     scales = torch.rand(1, D, dtype=DT).add(0.5).requires_grad_()
-    mm = lambda a, b, v, al, s: cpu.matmul(formula, a, b, {"alpha": al, "scales": s}, v)  # noqa: E731
+    mm = lambda a, b, v, al, s: cpu.ENGINE.matmul(formula, a, b, {"alpha": al, "scales": s}, v)  # noqa: E731
     assert torch.autograd.gradcheck(mm, (x1, x2, rhs, alpha, scales))
-    dn = lambda a, b, al, s: cpu.dense(formula, a, b, {"alpha": al, "scales": s})  # noqa: E731
+    dn = lambda a, b, al, s: cpu.ENGINE.dense(formula, a, b, {"alpha": al, "scales": s})  # noqa: E731
     assert torch.autograd.gradcheck(dn, (x1, x2, alpha, scales))
 
 
@@ -204,13 +204,13 @@ def test_batch_broadcast_against_reference():
     weights = torch.randn(2, N, 2, dtype=DT)
     tensors = [x1, x2, rhs, hp["lengthscale"], hp["scales"]]
     formula, a, b, params = formula_args("rbf-additive", x1, x2, hp)
-    out = cpu.matmul(formula, a, b, params, rhs)
+    out = cpu.ENGINE.matmul(formula, a, b, params, rhs)
     expected = reference_kernel("rbf-additive", x1, x2.expand(2, M, D), hp) @ rhs
     assert out.shape == (2, N, 2)
     assert_close(out, expected)
     for g, e in zip(grads(out, weights, tensors), grads(expected, weights, tensors)):
         assert_close(g, e)
-    K = cpu.dense(formula, a, b, params)
+    K = cpu.ENGINE.dense(formula, a, b, params)
     assert_close(K, reference_kernel("rbf-additive", x1, x2.expand(2, M, D), hp))
 
 
@@ -222,7 +222,7 @@ def test_non_contiguous_inputs_and_vector_rhs():
     scales = torch.rand(D, 2, dtype=DT)[:, 0].reshape(1, D)
     v = torch.randn(2 * M, dtype=DT)[::2]
     assert not (x1.is_contiguous() or x2.is_contiguous() or scales.is_contiguous() or v.is_contiguous())
-    out = cpu.matmul(formula, x1, x2, {"scales": scales}, v)
+    out = cpu.ENGINE.matmul(formula, x1, x2, {"scales": scales}, v)
     expected = reference.kernel("rbf", x1, x2, torch.ones(1, D, dtype=DT), additive=True, scales=scales) @ v
     assert out.shape == (N,)
     assert_close(out, expected)
@@ -234,7 +234,7 @@ def test_float32_close_to_float64():
     scales = torch.rand(1, D, dtype=DT) + 0.5
     v = torch.randn(200, 2, dtype=DT)
     expected = reference.kernel("rbf", x, x, torch.ones(1, D, dtype=DT), additive=True, scales=scales) @ v
-    out = cpu.matmul(formula, x.float(), x.float(), {"scales": scales.float()}, v.float())
+    out = cpu.ENGINE.matmul(formula, x.float(), x.float(), {"scales": scales.float()}, v.float())
     assert out.dtype == torch.float32
     assert_close(out.double(), expected, rtol=1e-5)
 
@@ -247,10 +247,10 @@ def test_same_results_for_any_thread_count():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = cpu.matmul(formula, x, x, {"scales": scales}, v)
+        one = cpu.ENGINE.matmul(formula, x, x, {"scales": scales}, v)
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(one, cpu.matmul(formula, x, x, {"scales": scales}, v))
+    assert torch.equal(one, cpu.ENGINE.matmul(formula, x, x, {"scales": scales}, v))
 
 
 # ---------------------------------------------------------------------------- other engines
@@ -263,7 +263,7 @@ def test_matches_the_torch_engine():
     rhs = torch.randn(M, 2, dtype=DT, requires_grad=True)
     weights = torch.randn(N, 2, dtype=DT)
     tensors = [x1, x2, rhs, scales]
-    out = cpu.matmul(formula, x1, x2, {"scales": scales}, rhs)
+    out = cpu.ENGINE.matmul(formula, x1, x2, {"scales": scales}, rhs)
     ours = grads(out, weights, tensors)
     with settings.engine("torch"):
         theirs = backend.pairwise_matmul(formula, x1, x2, {"scales": scales}, rhs)
@@ -271,7 +271,7 @@ def test_matches_the_torch_engine():
     for g, e in zip(ours, grads(theirs, weights, tensors)):
         assert_close(g, e)
     with settings.engine("torch"):
-        assert_close(cpu.dense(formula, x1, x2, {"scales": scales}), backend.pairwise_dense(formula, x1, x2, {"scales": scales}))
+        assert_close(cpu.ENGINE.dense(formula, x1, x2, {"scales": scales}), backend.pairwise_dense(formula, x1, x2, {"scales": scales}))
 
 
 # ---------------------------------------------------------------------------- NTK formulas
@@ -293,7 +293,7 @@ def test_ntk_formulas():
     f2 = torch.cat([a2, g2], -1).requires_grad_()
     rhs = torch.randn(M, 2, dtype=DT, requires_grad=True)
     weights = torch.randn(N, 2, dtype=DT)
-    out = cpu.matmul(FactoredTraceEntry(3), f1, f2, {}, rhs)
+    out = cpu.ENGINE.matmul(FactoredTraceEntry(3), f1, f2, {}, rhs)
     # From the math: Theta = (A1 A2^T) * (G1 G2^T), written on the concatenated features.
     expected = ((f1[:, :3] @ f2[:, :3].T) * (f1[:, 3:] @ f2[:, 3:].T)) @ rhs
     assert_close(out, expected)
@@ -301,7 +301,7 @@ def test_ntk_formulas():
         assert_close(g, e)
     # The full-mode weights w_i = sum_j <a_i, a_j> u_j are the dot-product kernel times u.
     u = torch.randn(M, 5, dtype=DT)
-    assert_close(cpu.matmul(dot, a1, a2, {}, u), (a1 @ a2.T) @ u)
+    assert_close(cpu.ENGINE.matmul(dot, a1, a2, {}, u), (a1 @ a2.T) @ u)
 
 
 # ---------------------------------------------------------------------------- other operations
@@ -334,13 +334,13 @@ def test_any_formula_values_gradients_and_symmetric_pass_of_an_asymmetric_formul
     def dense_torch(a, b):
         return uneven(a[:, None, :], b[None, :, :], p[None], q[None]).squeeze(-1)
 
-    out = cpu.matmul(uneven, x1, x2, {"p": p, "q": q}, rhs)
+    out = cpu.ENGINE.matmul(uneven, x1, x2, {"p": p, "q": q}, rhs)
     expected = dense_torch(x1, x2) @ rhs
     assert_close(out, expected)
     for g, e in zip(grads(out, weights, tensors), grads(expected, weights, tensors)):
         assert_close(g, e)
     left, right = torch.randn(N, 2, dtype=DT), torch.randn(N, 2, dtype=DT)
-    gx, gp = cpu.symmetric_gradients(uneven, x1, {"p": p, "q": q}, left, right)
+    gx, _, gp = cpu.ENGINE.symmetric_gradients(uneven, x1, x1, {"p": p, "q": q}, left, right)
     S = ((left @ right.T) * dense_torch(x1, x1)).sum()
     for g, e in zip([gx, gp["p"], gp["q"]], torch.autograd.grad(S, [x1, p, q])):
         assert_close(g, e)
@@ -360,7 +360,7 @@ def test_power_sum_formula():
     rhs = torch.randn(M, 2, dtype=DT, requires_grad=True)
     weights = torch.randn(N, 2, dtype=DT)
     tensors = [x1, x2, rhs, scales]
-    out = cpu.matmul(second_order, x1, x2, {"scales": scales}, rhs)
+    out = cpu.ENGINE.matmul(second_order, x1, x2, {"scales": scales}, rhs)
     z = scales * torch.exp(-0.5 * (x1[:, None, :] - x2[None, :, :]) ** 2)  # (N, M, D), from the math
     K = sum(z[..., d] * z[..., e] for d in range(D) for e in range(d + 1, D))
     expected = K @ rhs
@@ -381,7 +381,7 @@ def test_elementary_symmetric_of_one_side():
     rhs = torch.randn(M, 2, dtype=DT, requires_grad=True)
     weights = torch.randn(N, 2, dtype=DT)
     tensors = [x1, x2, rhs, w]
-    out = cpu.matmul(one_sided_orders, x1, x2, {"weights": w}, rhs)
+    out = cpu.ENGINE.matmul(one_sided_orders, x1, x2, {"weights": w}, rhs)
 
     def dense(a, b):  # from the math: every subset of every order enumerated
         z = (a * w)[:, None, :].expand(a.shape[0], b.shape[0], D)
@@ -391,7 +391,7 @@ def test_elementary_symmetric_of_one_side():
     for g, e in zip(grads(out, weights, tensors), grads(dense(x1, x2) @ rhs, weights, tensors)):
         assert_close(g, e)
     left, right = torch.randn(N, 2, dtype=DT), torch.randn(N, 2, dtype=DT)
-    gx, gp = cpu.symmetric_gradients(one_sided_orders, x1, {"weights": w}, left, right)
+    gx, _, gp = cpu.ENGINE.symmetric_gradients(one_sided_orders, x1, x1, {"weights": w}, left, right)
     S = ((left @ right.T) * dense(x1, x1)).sum()
     for g, e in zip([gx, gp["weights"]], torch.autograd.grad(S, [x1, w])):
         assert_close(g, e)
@@ -464,11 +464,11 @@ def test_interaction_formulas_are_supported():
     x = torch.randn(10, D, dtype=DT)
     for case in INTERACTIONS:
         formula, a, b, params = interaction_args(case, x, x, hp)
-        assert cpu.supports(formula, a, b, params), case
+        assert cpu.ENGINE.supports(formula, a, b, params), case
     l2 = InteractionFormula(StationaryFormula("rbf"), 2, "orthogonal-l2")
     features = orthogonal_rbf_l2_features(x, hp["lengthscale"], hp["measure_mean"], hp["measure_std"])
     params = {"scales": hp["scales"], "order_variances": hp["order_variances"][..., :2]}
-    assert cpu.supports(l2, features, features, params)
+    assert cpu.ENGINE.supports(l2, features, features, params)
 
 
 @pytest.mark.parametrize("case", INTERACTIONS)
@@ -481,7 +481,7 @@ def test_interaction_matmul_values_and_gradients(case):
     weights = torch.randn(N, 2, dtype=DT)
     tensors = [x1, x2, rhs, *interaction_leaves(case, hp)]
     formula, a, b, params = interaction_args(case, x1, x2, hp)
-    out = cpu.matmul(formula, a, b, params, rhs)
+    out = cpu.ENGINE.matmul(formula, a, b, params, rhs)
     expected = interaction_reference(case, x1, x2, hp) @ rhs
     assert_close(out, expected)
     for g, e in zip(grads(out, weights, tensors), grads(expected, weights, tensors)):
@@ -495,7 +495,7 @@ def test_interaction_dense_values_and_gradients(case):
     weights = torch.randn(N, M, dtype=DT)
     tensors = [x1, x2, *interaction_leaves(case, hp)]
     formula, a, b, params = interaction_args(case, x1, x2, hp)
-    K = cpu.dense(formula, a, b, params)
+    K = cpu.ENGINE.dense(formula, a, b, params)
     expected = interaction_reference(case, x1, x2, hp)
     assert_close(K, expected)
     for g, e in zip(grads(K, weights, tensors), grads(expected, weights, tensors)):
@@ -517,7 +517,7 @@ def test_dense_of_one_input_backward_in_one_pass(case, monkeypatch):
     weights = torch.randn(N, N, dtype=DT)
     tensors = [x, *interaction_leaves(case, hp)]
     formula, a, _, params = interaction_args(case, x, x, hp)
-    K = cpu.dense(formula, a, a, params)
+    K = cpu.ENGINE.dense(formula, a, a, params)
     expected = interaction_reference(case, x, x, hp)
     assert_close(K, expected)
     for g, e in zip(grads(K, weights, tensors), grads(expected, weights, tensors)):
@@ -534,7 +534,7 @@ def test_interaction_symmetric_gradients(case):
     left, right = torch.randn(N, 2, dtype=DT), torch.randn(N, 2, dtype=DT)
     tensors = [x, *interaction_leaves(case, hp)]
     formula, a, _, params = interaction_args(case, x, x, hp)
-    gx, gp = cpu.symmetric_gradients(formula, a, params, left, right)
+    gx, _, gp = cpu.ENGINE.symmetric_gradients(formula, a, a, params, left, right)
     differentiated = [n for n in params if gp[n] is not None]
     assert differentiated == [n for n in params if params[n].requires_grad]
     outputs = [a, *(params[n] for n in differentiated)]
@@ -556,7 +556,7 @@ def test_orthogonal_l2_terms_match_the_torch_engine():
         x, hp["lengthscale"], hp["measure_mean"], hp["measure_std"])
     params = {"scales": hp["scales"], "order_variances": hp["order_variances"][..., :2]}
     tensors = [x1, x2, *interaction_leaves("orthogonal-2", hp)]
-    out = cpu.matmul(formula, features(x1), features(x2), params, rhs)
+    out = cpu.ENGINE.matmul(formula, features(x1), features(x2), params, rhs)
     with settings.engine("torch"):
         expected = backend.pairwise_matmul(formula, features(x1), features(x2), params, rhs)
     assert_close(out, expected)
@@ -569,7 +569,7 @@ def test_orthogonal_l2_terms_match_the_torch_engine():
 def test_dense_matmul_matches_torch(dtype):
     """The few-column product on a stored matrix (CG's products on the dense cache): row counts
     that are not multiples of its 4-row blocks, 2 to 9 columns, batches, a broadcast rhs batch."""
-    from lazykern.cpu import dense_matmul, supports_dense_matmul
+    from lazykern.cpu.dense_matmul import dense_matmul, supports_dense_matmul
 
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     for shape, rhs_shape in [((7, 5), (5, 2)), ((2, 13, 9), (2, 9, 5)), ((3, 10, 10), (10, 9)), ((1, 6), (6, 4))]:
@@ -584,27 +584,27 @@ def test_dense_matmul_matches_torch(dtype):
 def test_supports_declines_what_it_cannot_generate():
     x = torch.randn(10, D, dtype=DT)
     rbf = StationaryFormula("rbf")
-    assert cpu.supports(rbf, x, x, {})
-    assert not cpu.supports(lambda a, b: (a - b).logsumexp(dim=1), x, x, {})  # not in the grammar
-    assert not cpu.supports(lambda a, b: (a - b).sum(dim=1), x, x, {})  # a reduction inside a formula
-    assert not cpu.supports(lambda a, b: a * b, x, x, {})  # D values per pair, not one
-    assert not cpu.supports(rbf, x.half(), x.half(), {})
-    assert not cpu.supports(rbf, x, x.float(), {})
-    assert not cpu.supports(rbf, x.to("meta"), x.to("meta"), {})
+    assert cpu.ENGINE.supports(rbf, x, x, {})
+    assert not cpu.ENGINE.supports(lambda a, b: (a - b).logsumexp(dim=1), x, x, {})  # not in the grammar
+    assert not cpu.ENGINE.supports(lambda a, b: (a - b).sum(dim=1), x, x, {})  # a reduction inside a formula
+    assert not cpu.ENGINE.supports(lambda a, b: a * b, x, x, {})  # D values per pair, not one
+    assert not cpu.ENGINE.supports(rbf, x.half(), x.half(), {})
+    assert not cpu.ENGINE.supports(rbf, x, x.float(), {})
+    assert not cpu.ENGINE.supports(rbf, x.to("meta"), x.to("meta"), {})
     with pytest.raises(ValueError, match="sum over dim=1"):
-        cpu.matmul(lambda a, b: (a - b).sum(dim=1), x, x, {}, torch.ones(10, 1, dtype=DT))
+        cpu.ENGINE.matmul(lambda a, b: (a - b).sum(dim=1), x, x, {}, torch.ones(10, 1, dtype=DT))
     with pytest.raises(ValueError, match="rhs must have 10 rows"):
-        cpu.matmul(rbf, x, x, {}, torch.ones(9, 1, dtype=DT))
+        cpu.ENGINE.matmul(rbf, x, x, {}, torch.ones(9, 1, dtype=DT))
 
 
 def test_compiled_once_per_structure_not_per_value_or_size():
     formula = StationaryFormula("rbf", additive=True)
     x = torch.randn(30, D, dtype=DT)
-    cpu.matmul(formula, x, x, {"scales": torch.ones(1, D, dtype=DT)}, torch.ones(30, 1, dtype=DT))
+    cpu.ENGINE.matmul(formula, x, x, {"scales": torch.ones(1, D, dtype=DT)}, torch.ones(30, 1, dtype=DT))
     before = len(native.compile_log), native.loaded_programs()
     for n, c in ((7, 1), (40, 5)):
         y = torch.randn(n, D, dtype=DT)
-        cpu.matmul(formula, y, x, {"scales": torch.rand(1, D, dtype=DT)}, torch.ones(30, c, dtype=DT))
+        cpu.ENGINE.matmul(formula, y, x, {"scales": torch.rand(1, D, dtype=DT)}, torch.ones(30, c, dtype=DT))
     assert (len(native.compile_log), native.loaded_programs()) == before
 
 
@@ -614,7 +614,7 @@ def test_no_flush_to_zero_after_loading_or_running():
     thread and in the OpenMP threads that ran the reduction (torch's own parallel loops)."""
     n = math.isqrt(cpu.reductions.WORK_PER_THREAD * torch.get_num_threads()) + 1  # enough work for every thread
     x = torch.randn(n, D, dtype=DT)
-    cpu.matmul(StationaryFormula("rbf", additive=True), x, x, {"scales": torch.ones(1, D, dtype=DT)}, x[:, :1])
+    cpu.ENGINE.matmul(StationaryFormula("rbf", additive=True), x, x, {"scales": torch.ones(1, D, dtype=DT)}, x[:, :1])
     for tiny in (torch.full((10**6,), 1e-39, dtype=torch.float32), torch.full((10**6,), 1e-310, dtype=DT)):
         assert bool(((tiny * 1.0) != 0).all())
 
@@ -627,7 +627,7 @@ def test_exp_below_the_normal_range_is_zero_and_above_it_exact(dtype, lowest):
     z = torch.zeros(400, D, dtype=dtype)
     z[:, 0] = torch.linspace(math.sqrt(-2 * (lowest + 40)), math.sqrt(-2 * (lowest - 40)), 400, dtype=dtype)
     exponent = -0.5 * z[:, 0].double() ** 2
-    values = cpu.dense(StationaryFormula("rbf"), x, z, {})[0].double()
+    values = cpu.ENGINE.dense(StationaryFormula("rbf"), x, z, {})[0].double()
     kept = exponent > lowest + 1e-3
     torch.testing.assert_close(values[kept], exponent[kept].exp(), rtol=1e-5 if dtype == torch.float32 else 1e-14,
                                atol=0)
@@ -640,7 +640,7 @@ from lazykern import cpu
 from lazykern import native
 from lazykern.formulas import StationaryFormula
 x = torch.linspace(-2, 2, 60, dtype=torch.float64).reshape(20, 3)
-out = cpu.matmul(StationaryFormula("matern", nu=1.5), x, x, {}, torch.ones(20, 1, dtype=torch.float64))
+out = cpu.ENGINE.matmul(StationaryFormula("matern", nu=1.5), x, x, {}, torch.ones(20, 1, dtype=torch.float64))
 print("RESULT", json.dumps({"out": out.squeeze(-1).tolist(), "compiled": len(native.compile_log)}))
 """
 
@@ -700,9 +700,9 @@ from lazykern.formulas import StationaryFormula
 f = StationaryFormula("rbf", additive=True)
 x = torch.randn(12000, 3, dtype=torch.float64)
 s, v = torch.ones(1, 3, dtype=torch.float64), torch.randn(12000, 2, dtype=torch.float64)
-cpu.matmul(f, x[:50], x[:50], {"scales": s}, v[:50])
+cpu.ENGINE.matmul(f, x[:50], x[:50], {"scales": s}, v[:50])
 """
-    grown = peak_rss_increase_mb(setup, "out = cpu.matmul(f, x, x, {'scales': s}, v)")
+    grown = peak_rss_increase_mb(setup, "out = cpu.ENGINE.matmul(f, x, x, {'scales': s}, v)")
     assert grown < 40, f"peak RSS grew by {grown:.0f} MB"
 
 
@@ -750,10 +750,11 @@ def test_kernel_of_x_runs_on_the_cpu_engine_by_default(kind, monkeypatch):
         raise AssertionError("KeOps was called on CPU tensors the CPU engine supports")
 
     from lazykern.keops import engine as keops_engine
+    from lazykern.torch_engine import engine as torch_engine
 
     monkeypatch.setattr(backend.KEOPS, "matmul", no_keops)
     monkeypatch.setattr(keops_engine, "keops_session", no_keops)
-    monkeypatch.setattr(backend.torch_engine, "rowwise", no_keops)
+    monkeypatch.setattr(torch_engine, "rowwise", no_keops)
     op = _user_kernel(kind, d).double()(x).evaluate_kernel()
     assert backend.engine_for(op.covar_func, op.x1, op.x2, op.tensor_params) == "cpu"
     got = run("auto")

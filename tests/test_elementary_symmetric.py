@@ -117,7 +117,7 @@ def _through_products(matmul, formula):
 
 @pytest.mark.parametrize("formula", [orders_of_pairs, orders_of_rows])
 def test_c_target(formula):
-    _through_products(cpu.matmul, formula)
+    _through_products(cpu.ENGINE.matmul, formula)
 
 
 @pytest.mark.parametrize("formula", [orders_of_pairs, orders_of_rows])
@@ -129,4 +129,4 @@ def test_triton_target(formula):
         pytest.skip("triton was imported in this process before TRITON_INTERPRET=1 was set")
     from lazykern import triton as lk_triton
 
-    _through_products(lk_triton.matmul, formula)
+    _through_products(lk_triton.ENGINE.matmul, formula)

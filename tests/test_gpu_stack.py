@@ -321,11 +321,9 @@ def test_symbolic_reductions_of_the_ntk_take_the_gpu_engine_choice(gpu_stack):
     symbolic reduction: on a GPU whose KeOps crashes its health check, the Triton engine."""
     from lazykern.ntk import products
 
-    assert backend.symbolic_engine("cpu") == "keops"  # CPUs: unchanged
+    assert backend.preferred("keops", "cpu").engine.name == "keops"  # CPUs: unchanged
     gpu_stack.probe(CRASH)
     with pytest.warns(RuntimeWarning, match="health check; using the triton engine instead"):
-        assert backend.symbolic_engine(gpu_stack.device) == "triton"
-    with products.engine("keops", gpu_stack.device):
-        assert settings.engine.value() == "triton"
-    with products.engine("dense", gpu_stack.device):
-        assert settings.engine.value() == "torch"
+        assert backend.preferred("keops", gpu_stack.device).engine.name == "triton"
+    assert backend.preferred(products.BACKEND_ENGINES["keops"], gpu_stack.device).engine.name == "triton"
+    assert backend.preferred(products.BACKEND_ENGINES["dense"], gpu_stack.device).engine.name == "torch"

@@ -188,3 +188,48 @@ def test_the_engine_name_check_would_see_one(tmp_path):
     path = tmp_path / "gate.py"
     path.write_text('def gate(engine):\n    """Docstrings may say "cpu"."""\n    return engine in ("cpu", "triton")\n')
     assert [s for s, _ in _string_constants(path)] == ["cpu", "triton"]
+
+
+def _declares_formula(path: pathlib.Path) -> list[int]:
+    """Lines where a module binds the name ``Formula`` itself (a class, an assignment or an alias)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        else:
+            targets = [node] if isinstance(node, ast.ClassDef) else []
+        if any(getattr(t, "id", getattr(t, "name", None)) == "Formula" for t in targets):
+            found.append(node.lineno)
+    return found
+
+
+def test_one_formula_protocol():
+    """What engines rely on in a formula is declared once (:mod:`lazykern.formulas.protocol`) and
+    imported everywhere else, never re-declared as a module's own alias."""
+    wrong = {name: lines for name, path in MODULES.items() if name != "lazykern.formulas.protocol"
+             for lines in [_declares_formula(path)] if lines}
+    assert wrong == {}
+    assert _declares_formula(MODULES["lazykern.formulas.protocol"]), "the check sees the protocol's own class"
+
+
+def test_nothing_above_the_chooser_imports_an_engine():
+    """Only the chooser (:mod:`lazykern.backend`) and the engine packages themselves import an engine
+    package: every other module reaches an engine through the chooser and the engine contract."""
+    wrong = [(name, imported) for name in MODULES if _unit(name) not in ENGINES | {"lazykern.backend"}
+             for imported in _lazykern_imports(name) if _unit(imported) in ENGINES]
+    assert wrong == []
+
+
+def test_each_engine_has_one_face():
+    """Every engine of the chooser's table is ``<engine package>.engine.ENGINE``, one per package,
+    and that is what the package exports (no module-level products beside it)."""
+    import importlib
+
+    faces = {unit: importlib.import_module(f"{unit}.engine").ENGINE for unit in ENGINES}
+    assert sorted(faces.values(), key=id) == sorted(backend.ENGINES.values(), key=id)
+    for unit, engine in faces.items():
+        package = importlib.import_module(unit)
+        assert package.ENGINE is engine
+        assert not {"matmul", "dense", "supports", "symmetric_gradients"} & set(vars(package)), unit

@@ -67,7 +67,7 @@ def test_matmul_values_and_gradients_with_a_batch(case, launches):
     rhs = torch.randn(2, 35, 3, dtype=DT, requires_grad=True)
     tensors = [x1, x2, rhs, *cases.used(case, hp)]
     formula, a, b, params = cases.formula_args(case, x1, x2, hp)
-    out = lk_triton.matmul(formula, a, b, params, rhs)
+    out = lk_triton.ENGINE.matmul(formula, a, b, params, rhs)
     expected = cases.reference_kernel(case, x1, x2, hp) @ rhs
     assert_close(out, expected)
     weights = torch.randn_like(out)
@@ -85,7 +85,7 @@ def test_interaction_matmul_dense_and_fused_gradients(case, launches):
     x1, x2 = cases.inputs()
     rhs = torch.randn(M, 2, dtype=DT, requires_grad=True)
     formula, a, b, params = cases.interaction_args(case, x1, x2, hp)
-    out = lk_triton.matmul(formula, a, b, params, rhs)
+    out = lk_triton.ENGINE.matmul(formula, a, b, params, rhs)
     expected = cases.interaction_reference(case, x1, x2, hp) @ rhs
     assert_close(out, expected)
     weights = torch.randn_like(out)
@@ -93,7 +93,7 @@ def test_interaction_matmul_dense_and_fused_gradients(case, launches):
         assert_close(g, e)
 
     formula, a, _, params = cases.interaction_args(case, x1, x1, hp)
-    K = lk_triton.dense(formula, a, a, params)
+    K = lk_triton.ENGINE.dense(formula, a, a, params)
     expected = cases.interaction_reference(case, x1, x1, hp)
     assert_close(K, expected)
     weights = torch.randn(N, N, dtype=DT)
@@ -102,7 +102,7 @@ def test_interaction_matmul_dense_and_fused_gradients(case, launches):
 
     left, right = torch.randn(N, 2, dtype=DT), torch.randn(N, 2, dtype=DT)
     formula, a, _, params = cases.interaction_args(case, x1, x1, hp)
-    gx, gp = lk_triton.symmetric_gradients(formula, a, params, left, right)
+    gx, _, gp = lk_triton.ENGINE.symmetric_gradients(formula, a, a, params, left, right)
     outputs = [(a, gx)] + [(p, gp[n]) for n, p in params.items() if p.requires_grad]
     actual = torch.autograd.grad([o for o, _ in outputs], [x1, *leaves], [g for _, g in outputs])
     S = (left @ right.T * cases.interaction_reference(case, x1, x1, hp)).sum()
@@ -117,14 +117,14 @@ def test_gradcheck_and_float32():
     x2 = torch.randn(3, 2, dtype=DT)  # (the pass over rows of x2 is checked against references above)
     scales = torch.tensor([[0.7, 1.3]], dtype=DT, requires_grad=True)
     rhs = torch.randn(3, 1, dtype=DT, requires_grad=True)
-    product = lambda a, s, v: lk_triton.matmul(formula, a, x2, {"scales": s}, v)  # noqa: E731
+    product = lambda a, s, v: lk_triton.ENGINE.matmul(formula, a, x2, {"scales": s}, v)  # noqa: E731
     assert torch.autograd.gradcheck(product, (x1, scales, rhs))
     # Second derivatives (create_graph=True) take the torch engine's row blocks, as on the C target.
-    assert torch.autograd.gradgradcheck(lambda a, s: lk_triton.matmul(formula, a, x2, {"scales": s}, rhs.detach()),
+    assert torch.autograd.gradgradcheck(lambda a, s: lk_triton.ENGINE.matmul(formula, a, x2, {"scales": s}, rhs.detach()),
                                         (x1, scales))
-    single = lk_triton.matmul(formula, x1.float(), x2.float(), {"scales": scales.float()}, rhs.float())
+    single = lk_triton.ENGINE.matmul(formula, x1.float(), x2.float(), {"scales": scales.float()}, rhs.float())
     assert single.dtype == torch.float32
-    assert_close(single.double(), lk_triton.matmul(formula, x1, x2, {"scales": scales}, rhs), rtol=1e-5)
+    assert_close(single.double(), lk_triton.ENGINE.matmul(formula, x1, x2, {"scales": scales}, rhs), rtol=1e-5)
 
 
 @pytest.mark.parametrize("which", ["uneven", "one-sided-orders"])
@@ -142,8 +142,8 @@ def test_other_operations_match_the_cpu_target(which):
     else:
         formula, params = cases.one_sided_orders, {"weights": torch.rand(1, D, dtype=DT).add(0.5).requires_grad_()}
     tensors = [x1, x2, rhs, *params.values()]
-    out = lk_triton.matmul(formula, x1, x2, params, rhs)
-    expected = cases.cpu.matmul(formula, x1, x2, params, rhs)
+    out = lk_triton.ENGINE.matmul(formula, x1, x2, params, rhs)
+    expected = cases.cpu.ENGINE.matmul(formula, x1, x2, params, rhs)
     assert_close(out, expected, rtol=1e-12)
     weights = torch.randn_like(out)
     for g, e in zip(grads(out, weights, tensors), grads(expected, weights, tensors)):
@@ -163,9 +163,9 @@ def test_sobol_inner_products_match_the_cpu_target():
     formula = InteractionFormula(StationaryFormula("rbf"), 2, "orthogonal-l2")
     params = {"order_variances": torch.tensor([[0.6, 0.4]], dtype=DT), "scales": torch.ones(1, D, dtype=DT)}
     rhs = torch.randn(12, 1, dtype=DT)
-    out = lk_triton.matmul(formula, features, features, params, rhs)
+    out = lk_triton.ENGINE.matmul(formula, features, features, params, rhs)
     assert torch.isfinite(out).all()
-    assert_close(out, cases.cpu.matmul(formula, features, features, params, rhs), rtol=1e-12)
+    assert_close(out, cases.cpu.ENGINE.matmul(formula, features, features, params, rhs), rtol=1e-12)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's log of masked-out lanes
@@ -180,16 +180,16 @@ def test_integer_powers_of_negative_numbers_match_the_cpu_target(power):
         return (a - b).sum(-1) ** power
 
     expected = ((x[:, None] - z[None]).sum(-1) ** power) @ v
-    assert_close(lk_triton.matmul(formula, x, z, {}, v), expected)
+    assert_close(lk_triton.ENGINE.matmul(formula, x, z, {}, v), expected)
 
 
 def test_declines_what_it_cannot_run():
     x = torch.randn(5, 3, dtype=DT)
     f = StationaryFormula("rbf")
-    assert lk_triton.supports(f, x, x, {}) and not lk_triton.supports(f, x, x.float(), {})
-    assert not lk_triton.supports(lambda a, b: (a - b).sinh().sum(-1), x, x, {})
+    assert lk_triton.ENGINE.supports(f, x, x, {}) and not lk_triton.ENGINE.supports(f, x, x.float(), {})
+    assert not lk_triton.ENGINE.supports(lambda a, b: (a - b).sinh().sum(-1), x, x, {})
     with pytest.raises(ValueError, match="Triton engine cannot evaluate this formula"):
-        lk_triton.matmul(lambda a, b: (a - b).sinh().sum(-1), x, x, {}, torch.ones(5, 1, dtype=DT))
+        lk_triton.ENGINE.matmul(lambda a, b: (a - b).sinh().sum(-1), x, x, {}, torch.ones(5, 1, dtype=DT))
 
 
 # ---------------------------------------------------------------------------- as users reach it
@@ -332,12 +332,13 @@ def test_backend_dispatches_forced_triton(launches):
 
 
 def test_ntk_symbolic_product_runs_on_the_triton_engine(launches, monkeypatch):
-    """The NTK's symbolic backend (``"keops"``) on the engine :func:`lazykern.backend.symbolic_engine`
+    """The NTK's symbolic backend (``"keops"``) on the engine :func:`lazykern.backend.preferred`
     picks: where that is Triton (a GPU whose KeOps fails its health check; here the interpreter),
     the trace and full products of pairwise (implicit) layer terms equal the dense backend's."""
     from lazykern.ntk import empirical_ntk
 
-    monkeypatch.setattr(backend, "symbolic_engine", lambda device: "triton")
+    monkeypatch.setattr(backend, "preferred", lambda name, device: backend.Choice(backend.ENGINES[
+        "triton" if name == "keops" else name]))
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)).double()
     x = torch.randn(6, 3, dtype=DT)

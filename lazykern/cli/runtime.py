@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Iterator
 
-from ..keops import messages as keops_messages
+from .. import keops_messages
 from .parser import UsageError
 
 __all__ = ["library_output", "resolve_device"]

@@ -21,8 +21,9 @@ A *target* (:class:`Target`) is the device side of a compiled engine (``lazykern
 reads and writes are set up here, in the row-major layouts of ``row_buffer``, except the inner
 side, which each target lays out its own way. Its hooks are :class:`Target`'s methods:
 ``inner_buffer`` and ``inner_vectors`` (the inner side's layout) and ``launch`` (run one pass);
-``supports`` and ``unsupported`` say what it evaluates. :class:`CompiledEngine` is a target as an
-engine (:class:`lazykern.engine.Engine`): the C and Triton engines are two instances of it.
+``available``, ``accepts`` and ``unsupported`` say where it runs. :class:`CompiledEngine` is a
+target as an engine (:class:`lazykern.engine.Engine`), whose plan of a formula is its product pass
+(:func:`lazykern.compiler.plan.product_plan`): the C and Triton engines are instances of it.
 
 Second derivatives (``create_graph=True``) come from the row blocks every engine shares
 (:func:`lazykern.row_blocks.vjp`) on every target: the derivative of a gradient pass is another
@@ -42,18 +43,17 @@ Example:
 from __future__ import annotations
 
 import functools
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 from torch import Tensor
 
 from .. import row_blocks
 from ..engine import Engine, Gradients
-from .plan import DTYPES, Reduction, param_spec, program
+from ..formulas import Formula
+from .plan import DTYPES, Reduction, param_spec, product_plan, program
 
-Formula = Callable[..., object]
-
-__all__ = ["CompiledEngine", "Target", "dense", "matmul", "require_support", "symmetric_gradients"]
+__all__ = ["CompiledEngine", "Target", "dense", "matmul", "symmetric_gradients"]
 
 Buffer = tuple[Tensor, int]  # a pass's operand: base tensor and batch stride
 
@@ -67,12 +67,17 @@ class Target:
 
     title: str = ""
 
-    def supports(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
-        """Whether the target evaluates ``formula`` on these tensors (nothing is compiled)."""
+    def available(self) -> bool:
+        """Whether the target runs in this process at all (its library installed, its device present)."""
+        return True
+
+    def accepts(self, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
+        """Whether the target runs on these tensors (devices, platform; the formula and dtypes are
+        the plan's business: :func:`lazykern.compiler.plan.product_plan`)."""
         raise NotImplementedError
 
     def unsupported(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> str:
-        """Why :meth:`supports` is false, one sentence for a ``ValueError``."""
+        """Why the target does not evaluate ``formula`` on these tensors, one sentence for a ``ValueError``."""
         raise NotImplementedError
 
     def inner_buffer(self, t: Tensor, batch: torch.Size, nb: int) -> Buffer:
@@ -87,13 +92,6 @@ class Target:
         """Run the pass ``red`` over ``nb`` batches of ``n`` x ``m`` pairs and ``c`` columns, on
         buffers named by :meth:`~lazykern.compiler.plan.Reduction.operands`."""
         raise NotImplementedError
-
-
-def require_support(target: Target, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> None:
-    """Raise ``ValueError`` naming what ``target`` cannot evaluate (the public functions of the
-    targets' packages check; the engine chooser has checked already)."""
-    if not target.supports(formula, x1, x2, params):
-        raise ValueError(target.unsupported(formula, x1, x2, params))
 
 
 def batch_shape(*tensors: Tensor) -> torch.Size:
@@ -141,13 +139,12 @@ def named_grads(
 
 
 # ---------------------------------------------------------------------------- the passes
-def _forward_matmul(target: Target, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
+def _forward_matmul(target: Target, red: Reduction, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
                     rhs: Tensor) -> Tensor:
-    """``K @ rhs``, ``(*batch, N, C)``."""
+    """``K @ rhs``, ``(*batch, N, C)``, by the product pass ``red``."""
     batch = batch_shape(x1, x2, rhs, *params.values())
     nb = batch.numel()
     n, m, c = x1.shape[-2], x2.shape[-2], rhs.shape[-1]
-    red = program(formula, "mm", x1.shape[-1], x2.shape[-1], param_spec(params), DTYPES[x1.dtype])
     out = output_buffer(batch, n, c, x1)
     buffers = {
         "outer:o": row_buffer(x1.detach(), batch, nb),
@@ -219,14 +216,15 @@ def _input_grad(g: Tensor | None, t: Tensor, batch: torch.Size) -> Tensor | None
     return None if g is None else g.reshape(*batch, *t.shape[-2:]).sum_to_size(t.shape)
 
 
-def _differentiable_backward(ctx, inputs: tuple[Tensor, ...], grad_out: Tensor) -> list[Tensor | None]:
+def _differentiable_backward(ctx, inputs: tuple[Tensor, ...], grad_out: Tensor, skip: int = 3) -> list[Tensor | None]:
     """The gradients of a backward pass that must itself be differentiable (``create_graph=True``:
-    Hessians, Hessian-vector products), for ``inputs`` ``(x1, x2, *parameters[, rhs])``.
+    Hessians, Hessian-vector products), for ``inputs`` ``(x1, x2, *parameters[, rhs])``, the
+    autograd function's tensors after its ``skip`` other arguments.
 
     The compiled passes give first derivatives only; the derivative of a gradient pass is another
     reduction with other weights, so these come from the torch engine's row blocks, differentiable
     to any order (:func:`lazykern.row_blocks.vjp`): exact, and one block in memory at a time."""
-    needs = ctx.needs_input_grad[3:]
+    needs = ctx.needs_input_grad[skip:]
     if len(inputs) > 2 + len(ctx.names):  # a product: autograd's order is x1, x2, rhs, *parameters
         needs = (needs[0], needs[1], *needs[3:], needs[2])
     return row_blocks.vjp(ctx.formula, ctx.names, inputs, needs, grad_out)
@@ -234,19 +232,19 @@ def _differentiable_backward(ctx, inputs: tuple[Tensor, ...], grad_out: Tensor) 
 
 class _Matmul(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, target, formula, names, x1, x2, rhs, *values):  # noqa: D102 - autograd protocol
+    def forward(ctx, target, formula, red, names, x1, x2, rhs, *values):  # noqa: D102 - autograd protocol
         params = dict(zip(names, values))
         ctx.target, ctx.formula, ctx.names = target, formula, names
         ctx.save_for_backward(x1, x2, rhs, *values)
-        return _forward_matmul(target, formula, x1, x2, params, rhs)
+        return _forward_matmul(target, red, x1, x2, params, rhs)
 
     @staticmethod
     def backward(ctx, grad_out):  # noqa: D102 - autograd protocol
         x1, x2, rhs, *values = ctx.saved_tensors
-        need_x1, need_x2, need_rhs, *need_p = ctx.needs_input_grad[3:]
+        need_x1, need_x2, need_rhs, *need_p = ctx.needs_input_grad[4:]
         if torch.is_grad_enabled():  # create_graph=True: see _differentiable_backward
-            gx1, gx2, *gp, grhs = _differentiable_backward(ctx, (x1, x2, *values, rhs), grad_out)
-            return (None, None, None, gx1, gx2, grhs, *gp)
+            gx1, gx2, *gp, grhs = _differentiable_backward(ctx, (x1, x2, *values, rhs), grad_out, 4)
+            return (None, None, None, None, gx1, gx2, grhs, *gp)
         grad_pass = functools.partial(_grad_pass, ctx.target)
         params = dict(zip(ctx.names, values))
         wanted_p = tuple(n for n, w in zip(ctx.names, need_p) if w)
@@ -263,6 +261,7 @@ class _Matmul(torch.autograd.Function):
             gx2, grhs, more = grad_pass(ctx.formula, "gradB", x1, x2, params, want, batch, {"dots": [(rhs.detach(), grad_out)]})
             grads.update(more)
         return (
+            None,
             None,
             None,
             None,
@@ -316,17 +315,21 @@ class _Dense(torch.autograd.Function):
 
 
 def matmul(
-    target: Target, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor
+    target: Target, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor,
+    red: Reduction | None = None,
 ) -> Tensor:
-    r""":math:`K(x_1, x_2)\, V` on ``target``, differentiable in ``x1``, ``x2``, ``rhs`` and every
-    parameter (the contract of :func:`lazykern.cpu.matmul`; ``rhs`` ``(..., M, C)`` or ``(M,)``)."""
+    r""":math:`(K V)_{ic} = \sum_j k(x^{(1)}_i, x^{(2)}_j)\, V_{jc}` on ``target`` without storing
+    :math:`K`, differentiable in ``x1``, ``x2``, ``rhs`` and every parameter (``rhs`` ``(..., M, C)``
+    or ``(M,)``); ``red``: the product pass where the caller planned it already
+    (:func:`lazykern.compiler.plan.product_plan`)."""
     vector = rhs.dim() == 1
     if vector:
         rhs = rhs.unsqueeze(-1)
     _check_like("rhs", rhs, x1)
     if rhs.shape[-2] != x2.shape[-2]:
         raise ValueError(f"rhs must have {x2.shape[-2]} rows (the points of x2), got shape {tuple(rhs.shape)}")
-    out = _Matmul.apply(target, formula, tuple(params), x1, x2, rhs, *params.values())
+    red = red or program(formula, "mm", x1.shape[-1], x2.shape[-1], param_spec(params), DTYPES[x1.dtype])
+    out = _Matmul.apply(target, formula, red, tuple(params), x1, x2, rhs, *params.values())
     return out.squeeze(-1) if vector else out
 
 
@@ -338,17 +341,28 @@ def _check_like(name: str, t: Tensor, x: Tensor) -> None:
 
 
 def dense(target: Target, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
-    """The ``(..., N, M)`` matrix on ``target``, differentiable in ``x1``, ``x2`` and every parameter
-    (the contract of :func:`lazykern.cpu.dense`)."""
+    r"""The ``(..., N, M)`` matrix :math:`K_{ij} = k(x^{(1)}_i, x^{(2)}_j)` on ``target`` in one pass
+    that stores each row (nothing ``N x M x D``; entries below the normal range stored as zeros),
+    differentiable in ``x1``, ``x2`` and every parameter (:math:`K(x, x)` of one tensor: one
+    backward pass for both sides)."""
     return _Dense.apply(target, formula, tuple(params), x1, x2, *params.values())
 
 
 def symmetric_gradients(
     target: Target, formula: Formula, x: Tensor, params: Mapping[str, Tensor], left: Tensor, right: Tensor
 ) -> tuple[Tensor | None, dict[str, Tensor | None]]:
-    r"""The gradients of :math:`\sum_{ij} \langle l_i, r_j\rangle\, k(x_i, x_j)` for ``x`` (both
-    occurrences) and each parameter requiring grad, in one pass (job ``"sym"``) on ``target``
-    (the contract of :func:`lazykern.cpu.symmetric_gradients`)."""
+    r"""The gradients of :math:`S = \sum_{ij} \langle l_i, r_j\rangle\, k(x_i, x_j)` for ``x`` (both
+    occurrences) and each parameter requiring grad, in one pass (job ``"sym"``) on ``target``:
+
+    .. math::
+
+        \frac{\partial S}{\partial x_i} = \sum_j \langle l_i, r_j\rangle \partial_1 k(x_i, x_j)
+        + \langle l_j, r_i\rangle \partial_2 k(x_j, x_i),
+
+    where for a symmetric formula (``formula.symmetric``: :math:`k(u, v) = k(v, u)`) the second
+    derivative is the first, so :math:`k` is evaluated once per pair. ``left``, ``right``:
+    ``(..., N, C)``, the :math:`l_i` and :math:`r_j`; the gradient of ``x`` is ``None`` unless it
+    requires grad, and so is each parameter's."""
     _check_like("left", left, x)
     _check_like("right", right, x)
     want = (("x",) if x.requires_grad else ()) + tuple(n for n, p in params.items() if p.requires_grad)
@@ -364,33 +378,57 @@ def symmetric_gradients(
 
 class CompiledEngine(Engine):
     """A compiled target as an engine (:class:`lazykern.engine.Engine`): products, dense blocks and
-    the fused symmetric gradient of any formula the target supports, through this driver.
+    the fused symmetric gradient of any formula the target supports, through this driver. Its plan
+    of a formula is the product pass (:func:`lazykern.compiler.plan.product_plan`), which a product
+    runs as it is.
 
     Args:
         name: the engine's name in :class:`lazykern.settings.engine`.
         target: its device side.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.cpu.engine import ENGINE
+        >>> from lazykern.formulas import StationaryFormula
+        >>> x = torch.randn(100, 3, dtype=torch.float64)
+        >>> plan = ENGINE.supports(StationaryFormula("rbf"), x, x, {})
+        >>> ENGINE.matmul(StationaryFormula("rbf"), x, x, {}, torch.ones(100, 2, dtype=torch.float64), plan).shape
+        torch.Size([100, 2])
     """
 
     def __init__(self, name: str, target: Target) -> None:
         self.name, self.target = name, target
 
-    def supports(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
-        return self.target.supports(formula, x1, x2, params)
+    def supports(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Reduction | None:
+        if not (self.target.available() and self.target.accepts(x1, x2, params)):
+            return None
+        return product_plan(formula, x1, x2, params)
 
-    def matmul(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
-        return matmul(self.target, formula, x1, x2, params, rhs)
+    def unsupported(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> str:
+        return self.target.unsupported(formula, x1, x2, params)
 
-    def dense(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
+    def available(self) -> bool:
+        return self.target.available()
+
+    def matmul(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor,
+               plan: Reduction | None = None) -> Tensor:
+        red = self.planned(plan, formula, x1, x2, params)
+        return matmul(self.target, formula, x1, x2, params, rhs, red)
+
+    def dense(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
+              plan: Reduction | None = None) -> Tensor:
+        self.planned(plan, formula, x1, x2, params)
         return dense(self.target, formula, x1, x2, params)  # subnormals flushed in the compiled pass
 
     def fuses_symmetric_gradient(self, formula: Formula) -> bool:
         return True  # any formula the target takes
 
     def symmetric_gradients(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
-                            left: Tensor, right: Tensor) -> Gradients | None:
+                            left: Tensor, right: Tensor, plan: Reduction | None = None) -> Gradients | None:
         # The compiled pass sums both occurrences of x: distinct tensors asking for their own
         # shares take the generic path.
         if x1 is not x2 and (x1.requires_grad or x2.requires_grad):
             return None
+        self.planned(plan, formula, x1, x2, params)
         grad, grads = symmetric_gradients(self.target, formula, x1, params, left, right)
         return grad, None, grads

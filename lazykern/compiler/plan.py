@@ -27,17 +27,16 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 from torch import Tensor
 
+from ..formulas import Formula, declared
 from .grad import adjoints
 from .trace import Graph, Node, Unsupported, reachable, trace
 
-Formula = Callable[..., object]
-
-__all__ = ["DTYPES", "Analysis", "Reduction", "analyze", "compact", "plannable", "unsupported"]
+__all__ = ["DTYPES", "Analysis", "Reduction", "analyze", "compact", "product_plan", "unsupported"]
 
 #: The element types the targets compile for, by the plan's names (``Reduction.dtype``).
 DTYPES = {torch.float32: "float", torch.float64: "double"}
@@ -212,7 +211,7 @@ def _build_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, d
         w1 = g.leaf("w1", 1)
         pair = job == "sym-pair"
         weights = (("w0", "pair"), ("w1", "pair")) if pair else (("w0", "dot", 0, 0), ("w1", "dot", 1, 1))
-        if getattr(formula, "symmetric", False):  # dk(x_j, x_i)/dx_i = dk(x_i, x_j)/dx_i
+        if declared(formula).symmetric:  # dk(x_j, x_i)/dx_i = dk(x_i, x_j)/dx_i
             seeds_x = [(root, g.binary("add", w0, w1))]
         else:
             seeds_x = [(root, w0), (trace(formula, g, "i", "o", params, d1, d2), w1)]
@@ -245,28 +244,28 @@ def _build_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, d
     )
 
 
-def plannable(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
-    """Whether the compiler plans ``formula`` on these tensors, whatever the target: all tensors of
-    one dtype of ``DTYPES``, at least two-dimensional, with broadcastable batch shapes, and a
-    formula that traces into operations the targets generate, with one value per pair. Nothing is
-    compiled (the devices are each target's business).
+def product_plan(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Reduction | None:
+    """The product pass (job ``"mm"``) of ``formula`` on these tensors, where the compiler plans it
+    whatever the target: all tensors of one dtype of ``DTYPES``, at least two-dimensional, with
+    broadcastable batch shapes, and a formula that traces into operations the targets generate,
+    with one value per pair; else ``None``. Nothing is compiled (the devices are each target's
+    business).
 
     Example:
         >>> import torch
         >>> from lazykern.formulas import StationaryFormula
         >>> x = torch.randn(10, 3, dtype=torch.float64)
-        >>> plannable(StationaryFormula("rbf"), x, x, {}), plannable(StationaryFormula("rbf"), x, x.float(), {})
-        (True, False)
+        >>> type(product_plan(StationaryFormula("rbf"), x, x, {})).__name__, product_plan(StationaryFormula("rbf"), x, x.float(), {})
+        ('Reduction', None)
     """
     tensors = [x1, x2, *params.values()]
     if x1.dtype not in DTYPES or not all(isinstance(t, Tensor) and t.dtype == x1.dtype and t.dim() >= 2 for t in tensors):
-        return False
+        return None
     try:
         torch.broadcast_shapes(*(t.shape[:-2] for t in tensors))
-        program(formula, "mm", x1.shape[-1], x2.shape[-1], param_spec(params), DTYPES[x1.dtype])
+        return program(formula, "mm", x1.shape[-1], x2.shape[-1], param_spec(params), DTYPES[x1.dtype])
     except (Unsupported, RuntimeError):
-        return False
-    return True
+        return None
 
 
 def unsupported(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> str | None:

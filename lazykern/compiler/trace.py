@@ -16,8 +16,8 @@ use): ``+ - * /``, unary ``-``, ``**`` with a constant exponent, ``exp``, ``expm
 ``matvecmult``, indexing and slicing of the feature axis (``x[k]``, ``x[a:b]``, ``x[..., a:b]``,
 ``elem``, ``extract``) and ``concat``. They become the operations of :mod:`lazykern.compiler.ops`,
 which declares each once (arity, constant folding, simplifications, derivative). Anything else
-raises :class:`Unsupported`, which :func:`lazykern.cpu.supports` turns into ``False`` (the caller
-then uses KeOps).
+raises :class:`Unsupported`, which :func:`lazykern.compiler.plan.product_plan` turns into no plan
+(the compiled engines then decline the formula, and the chooser picks another engine).
 
 Two operations are recurrences over the feature axis, one node each, as KeOps' custom nodes of
 :mod:`lazykern.keops.nodes` are: ``elementary_symmetric(R)`` (the normalized elementary
@@ -42,6 +42,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from ..formulas import Formula
 from .ops import OPS, UnknownOp, Unsupported, lookup
 
 __all__ = ["Graph", "Node", "Sym", "Unsupported", "reachable", "trace"]
@@ -420,7 +421,7 @@ for _op in OPS.values():
 
 
 def trace(
-    formula: Callable[..., Any],
+    formula: Formula,
     graph: Graph,
     first: str,
     second: str,

@@ -21,13 +21,13 @@ name of its own in the combination (``Part.names``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-__all__ = ["Combination", "Part", "Scaled", "columns", "split_columns"]
+from .protocol import Formula, declared
 
-Formula = Callable[..., Any]
+__all__ = ["Combination", "Part", "Scaled", "columns", "split_columns"]
 
 
 def columns(x: Any, start: int, stop: int) -> Any:
@@ -73,11 +73,15 @@ class Scaled:
 
     @property
     def param_names(self) -> tuple[str, ...]:
-        return (*getattr(self.formula, "param_names", ()), "outputscale")
+        return (*declared(self.formula).param_names, "outputscale")
 
     @property
     def symmetric(self) -> bool:
-        return getattr(self.formula, "symmetric", False)
+        return declared(self.formula).symmetric
+
+    @property
+    def pair_width(self) -> int | None:
+        return declared(self.formula).pair_width  # the scaling adds nothing per pair
 
     def __call__(self, x1: Any, x2: Any, outputscale: Any, **params: Any) -> Any:
         return outputscale * self.formula(x1, x2, **params)
@@ -131,7 +135,10 @@ class Combination:
 
     @property
     def symmetric(self) -> bool:
-        return all(getattr(p.formula, "symmetric", False) for p in self.parts)
+        return all(declared(p.formula).symmetric for p in self.parts)
+
+    #: A broadcast over the concatenated input width.
+    pair_width = None
 
     def __call__(self, x1: Any, x2: Any, **params: Any) -> Any:
         total = None

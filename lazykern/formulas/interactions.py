@@ -79,20 +79,12 @@ def _is_lazy(t: Any) -> bool:
     return not isinstance(t, torch.Tensor)
 
 
-#: The names under which lazykern's own KeOps formula nodes are known to keopscore, by the operation
-#: they compute: filled by :func:`lazykern.keops.nodes.register` (which every KeOps ``LazyTensor``
-#: lazykern makes runs first), so that the formulas write a node's name without importing KeOps.
-KEOPS_NODES: dict[str, str] = {}
-
-
-def _keops_node(operation: str) -> str:
-    try:
-        return KEOPS_NODES[operation]
-    except KeyError:
-        raise RuntimeError(
-            f"lazykern's KeOps node for {operation!r} is not registered: make LazyTensors with "
-            "lazykern.keops.keops_lazy_tensor, or call lazykern.keops.nodes.register() first"
-        ) from None
+#: The names the formulas write into a KeOps ``LazyTensor``'s formula for lazykern's own nodes, the
+#: elementary symmetric polynomials and ``expm1``; the KeOps engine defines the nodes under these
+#: names (:mod:`lazykern.keops.nodes`, before it makes any ``LazyTensor``). KeOps caches compiled
+#: formulas by their text, so a change of a node's generated code changes its name here.
+KEOPS_ELEMENTARY_SYMMETRIC = "LazykernElemSym1"
+KEOPS_EXPM1 = "LazykernExpm1"
 
 
 def _is_traced(t: Any) -> bool:
@@ -154,7 +146,7 @@ def elementary_symmetric(z: Any, max_degree: int) -> Any:
     if _is_traced(z):
         return z.elementary_symmetric(max_degree)
     if _is_lazy(z):
-        return z.unary(_keops_node("elementary_symmetric"), dimres=max_degree, opt_arg=max_degree)
+        return z.unary(KEOPS_ELEMENTARY_SYMMETRIC, dimres=max_degree, opt_arg=max_degree)
     return _ElementarySymmetric.apply(z, max_degree)
 
 
@@ -249,7 +241,7 @@ def _expm1(x: Any) -> Any:
     if _is_traced(x):
         return x.expm1()
     if _is_lazy(x):
-        return x.unary(_keops_node("expm1"))
+        return x.unary(KEOPS_EXPM1)
     return torch.expm1(x)
 
 
@@ -472,6 +464,8 @@ class InteractionFormula:
     #: Every kind's terms are symmetric in the two points (the orthogonal ones depend on where the
     #: points are, not only on their difference, but swap with them).
     symmetric = True
+    #: A broadcast over the input width.
+    pair_width = None
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -515,6 +509,8 @@ class GroupFormula:
     base: StationaryFormula
 
     symmetric = True
+    #: A broadcast over the input width.
+    pair_width = None
 
     def __post_init__(self) -> None:
         if self.base.additive:

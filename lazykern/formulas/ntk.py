@@ -122,6 +122,12 @@ class NTKFormula:
 
     parts: tuple[NTKPart, ...]
 
+    #: False, the answer that is always safe, since the fused gradient of K(X, X) is never asked
+    #: of NTK blocks.
+    symmetric = False
+    #: Everything is in the row features, nothing in tensor parameters.
+    param_names = ()
+
     @property
     def pair_width(self) -> int:
         """How many numbers the torch engine holds per pair of a row block, namely each part's

@@ -112,6 +112,8 @@ class StationaryFormula:
     #: True when k(x, x') = k(x', x), so that dk(x_j, x_i)/dx_i = dk(x_i, x_j)/dx_i and the engines
     #: fuse the gradients for both sides of K(X, X) into one reduction of one derivative.
     symmetric = True
+    #: A broadcast over the input width, which the torch engine's row blocks assume by default.
+    pair_width = None
 
     def __post_init__(self) -> None:
         check_choice("family", self.family, tuple(sorted(PROFILES)))

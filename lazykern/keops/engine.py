@@ -9,7 +9,9 @@ output (the chooser builds dense blocks with the torch engine's row blocks), and
 derivatives come from the shared row blocks (:func:`lazykern.row_blocks.vjp`).
 
 On a CUDA device KeOps runs only where it passes its health check (:meth:`KeOpsEngine.health`,
-:mod:`lazykern.keops.health`); :data:`ENGINE` is the engine as the chooser lists it.
+:mod:`lazykern.keops.health`); :data:`ENGINE` is the engine as the chooser lists it. The programs it
+compiles go to lazykern's KeOps build folder (:func:`lazykern.keops.build_folder`) and, on a GPU,
+KeOps' own (:meth:`KeOpsEngine.program_count` counts them).
 
 Example:
     >>> import torch
@@ -21,18 +23,18 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+import os
+from typing import Any, Mapping
 
 import torch
 from torch import Tensor
 
 from .. import row_blocks
-from ..engine import Engine, Gradients
+from ..engine import Engine, Gradients, Plan, ProgramCount
+from ..formulas import Formula, declared
 from ..row_blocks import pairwise_params
 from . import health as gpu_health
-from .session import keops_lazy_tensor, keops_session, padded_size
-
-Formula = Callable[..., object]
+from .session import build_folder, keops_lazy_tensor, keops_session, loaded_reductions, padded_size
 
 __all__ = ["ENGINE", "KeOpsEngine"]
 
@@ -86,19 +88,41 @@ class _KeOpsMatmul(torch.autograd.Function):
 class KeOpsEngine(Engine):
     """KeOps' reductions (see the module docstring). Supports any formula whose two sides have at
     least two points (KeOps reads a ``(..., 1, 1, D)`` tensor as a parameter, not as one point, and
-    would silently reduce over the wrong axis); fuses the symmetric gradient of symmetric formulas
+    would silently reduce over the wrong axis), with nothing to plan (its plan is ``True``: KeOps
+    compiles when it runs); fuses the symmetric gradient of symmetric formulas
     (``formula.symmetric``)."""
 
     name = "keops"
 
-    def supports(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
-        return x1.shape[-2] >= 2 and x2.shape[-2] >= 2
+    def supports(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool | None:
+        return True if x1.shape[-2] >= 2 and x2.shape[-2] >= 2 else None
 
-    def matmul(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
+    def matmul(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor,
+               plan: Plan | None = None) -> Tensor:
+        self.planned(plan, formula, x1, x2, params)
         return _KeOpsMatmul.apply(formula, tuple(params), x1, x2, *params.values(), rhs)
 
+    def padded_width(self, width: int) -> int:
+        """:func:`lazykern.keops.padded_size`: one compile serves every width up to the next step."""
+        return padded_size(width)
+
+    def program_count(self, device: torch.device) -> ProgramCount:
+        """The programs in lazykern's KeOps build folder and, on a GPU, in KeOps' own (cubin or PTX
+        files), and the reductions this process has loaded (:func:`lazykern.keops.loaded_reductions`).
+        On a CUDA device the health check runs first (once per stack: :meth:`health`): its probe
+        compiles into KeOps' folder too, and is no program of the caller's."""
+        folders = [(build_folder(), ("pykeops_cpp_",))]
+        if device.type == "cuda":  # KeOps' GPU reductions go to its own folder, as cubin or PTX files
+            from keopscore.config import config
+
+            self.health(device)
+            folders.append((config.get_build_folder(), ("cubin_", "ptx_")))
+        compiled = sum(name.startswith(prefixes) and not name.endswith((".cpp", ".cu"))
+                       for folder, prefixes in folders for name in _entries(folder))
+        return ProgramCount(tuple(folder for folder, _ in folders), compiled, loaded_reductions())
+
     def fuses_symmetric_gradient(self, formula: Formula) -> bool:
-        return getattr(formula, "symmetric", False)
+        return declared(formula).symmetric
 
     def health(self, device: Any) -> gpu_health.Health:
         """KeOps' health on a CUDA ``device`` (:func:`lazykern.keops.health.health`: a subprocess the
@@ -111,7 +135,7 @@ class KeOpsEngine(Engine):
         gpu_health.require(device)
 
     def symmetric_gradients(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
-                            left: Tensor, right: Tensor) -> Gradients | None:
+                            left: Tensor, right: Tensor, plan: Plan | None = None) -> Gradients | None:
         r"""For a symmetric formula (:math:`k(u, v) = k(v, u)`, stationary or not),
         :math:`\partial k(u, v)/\partial v = \partial k(v, u)/\partial v` (first argument), so with
         :math:`g_{ij} = \partial k(x_i, x_j)/\partial x_i` the gradients are
@@ -120,6 +144,7 @@ class KeOpsEngine(Engine):
         parameters' (summed over i afterwards). When ``x1`` *is* ``x2``, one output carries their sum.
         KeOps' own backward would run one reduction per differentiated variable, each re-evaluating
         every exponential."""
+        self.planned(plan, formula, x1, x2, params)
         c = left.shape[-1]
         pad = padded_size(c) - c
         left, right = torch.nn.functional.pad(left, (0, pad)), torch.nn.functional.pad(right, (0, pad))
@@ -156,6 +181,13 @@ class KeOpsEngine(Engine):
             n: (next(blocks).sum(-2, keepdim=True).reshape(p.shape) if n in wanted else None) for n, p in params.items()
         }
         return grad1, grad2, grads
+
+
+def _entries(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except FileNotFoundError:
+        return []
 
 
 #: The KeOps engine, as the chooser (:mod:`lazykern.backend`) lists it.

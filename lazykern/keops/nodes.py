@@ -8,12 +8,12 @@ whatever the number of dimensions and interaction orders, and costs O(D R) per p
 ``Expm1``, gives the orthogonalized kernels a difference of exponentials without cancellation.
 
 :func:`register` makes the nodes known to keopscore (the namespace in which KeOps evaluates formula
-strings) and their names to the formulas (``lazykern.formulas.interactions.KEOPS_NODES``, which
-write a node's name into a ``LazyTensor``'s formula without importing KeOps);
-:func:`lazykern.keops.keops_lazy_tensor` calls it before making any ``LazyTensor``. The node
-names carry a version number: a change of the generated code must change the name,
-because KeOps caches compiled formulas by their text (``Expm1`` is named after the C function it
-calls, which does not change).
+strings) under the names the formulas write (``lazykern.formulas.interactions.KEOPS_ELEMENTARY_SYMMETRIC``
+and ``KEOPS_EXPM1``: a formula names a node without importing KeOps); the registry is :data:`NODES`,
+and :func:`lazykern.keops.keops_lazy_tensor` calls :func:`register` before making any
+``LazyTensor``. The node names carry a version number: a change of the generated code must change
+the name, because KeOps caches compiled formulas by their text (``Expm1`` is named after the C
+function it calls, which does not change).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 import threading
 
-from ..formulas import interactions
+from ..formulas.interactions import KEOPS_ELEMENTARY_SYMMETRIC, KEOPS_EXPM1
 
 from keopscore.formulas.Operation import Operation
 from keopscore.formulas.VectorizedScalarOp import VectorizedScalarOp
@@ -29,13 +29,13 @@ from keopscore.utils.code_gen_utils import new_c_varname
 from keopscore.utils.math_functions import math_function
 from keopscore.utils.misc_utils import KeOps_Error
 
-__all__ = ["ELEMENTARY_SYMMETRIC", "EXPM1", "register"]
+__all__ = ["ELEMENTARY_SYMMETRIC", "EXPM1", "NODES", "register"]
 
-#: Name of ``ElementarySymmetric`` in KeOps formula strings.
-ELEMENTARY_SYMMETRIC = "LazykernElemSym1"
+#: Name of ``ElementarySymmetric`` in KeOps formula strings (the one the formulas write).
+ELEMENTARY_SYMMETRIC = KEOPS_ELEMENTARY_SYMMETRIC
 _GRADIENT = "LazykernElemSymGrad1"
-#: Name of ``Expm1`` in KeOps formula strings.
-EXPM1 = "LazykernExpm1"
+#: Name of ``Expm1`` in KeOps formula strings (the one the formulas write).
+EXPM1 = KEOPS_EXPM1
 
 _lock = threading.Lock()
 _registered = False
@@ -173,6 +173,10 @@ class Expm1(VectorizedScalarOp):
         return Exp(f)
 
 
+#: lazykern's KeOps nodes by the names KeOps formula strings call them.
+NODES = {ELEMENTARY_SYMMETRIC: ElementarySymmetric, _GRADIENT: ElementarySymmetricGrad, EXPM1: Expm1}
+
+
 def register() -> None:
     """Make lazykern's nodes known to keopscore (idempotent, thread-safe)."""
     global _registered
@@ -187,8 +191,5 @@ def register() -> None:
         # checks their function names against keopscore.formulas.
         namespaces = (vars(keopscore.formulas), vars(importlib.import_module("keopscore.formulas.GetReduction")))
         for namespace in namespaces:
-            namespace[ELEMENTARY_SYMMETRIC] = ElementarySymmetric
-            namespace[_GRADIENT] = ElementarySymmetricGrad
-            namespace[EXPM1] = Expm1
-        interactions.KEOPS_NODES.update(elementary_symmetric=ELEMENTARY_SYMMETRIC, expm1=EXPM1)
+            namespace.update(NODES)
         _registered = True

@@ -14,6 +14,7 @@ from gpytorch.constraints import Interval, Positive
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
+from ..formulas import Formula
 from ..operators import LazyKernelOperator
 from ..validation import check_kernel_inputs, check_positive_int, check_term_hyperparameters
 from .combination import LazyKernelMixin
@@ -333,7 +334,7 @@ class WeightedTermsKernel(LazyKernel):
     def __init__(
         self,
         base_kernel: Kernel,
-        formula: object,
+        formula: Formula,
         *,
         num_dims: int | None,
         num_terms: int | None,

@@ -399,8 +399,7 @@ def empirical_ntk(
     block_size: int | None = None,
     progress: bool = True,
 ) -> NTKOperator | NTKPlan | Any:
-    r"""The empirical neural tangent kernel of ``model`` as a lazy ``LinearOperator``, or written
-    tile by tile into ``out``.
+    r"""The empirical neural tangent kernel of ``model`` as a lazy ``LinearOperator``, or written tile by tile into ``out``.
 
     .. math::
 
@@ -409,54 +408,47 @@ def empirical_ntk(
         = \sum_{\text{layers } l} \sum_{t, t'} s_l\big(a_{l,t}(x), a_{l,t'}(x')\big)\,
           \big\langle g_{l,o,t}(x), g_{l,o',t'}(x')\big\rangle
 
-    summed over each layer's tokens :math:`t` (positions of a convolution, tokens of a sequence),
-    with :math:`a` the layer's input (a 1 appended for a trainable bias), :math:`g_{o} =
-    \partial f_o / \partial z` the cotangent at its output and :math:`s` a dot product (an equality of
-    token ids for embeddings); parameters partition by layer, so there are no cross-layer terms.
-    Each layer type has a rule (:mod:`lazykern.ntk.rules`): ``nn.Linear`` (any token axes),
-    ``nn.Conv1d/2d/3d``, ``nn.LayerNorm``, ``nn.GroupNorm``, ``nn.BatchNorm*`` (eval mode),
-    ``nn.Embedding``, ``nn.MultiheadAttention``; any other module with trainable parameters costs
-    explicit per-sample gradients (with a :class:`~lazykern.ntk.NTKFallbackWarning`). Layers with an
-    implicit (pair formula) and an explicit (per-sample gradient) form take the cheaper one for this
-    block (:func:`~lazykern.ntk.choose_form`) unless ``forms`` says otherwise.
+    summed over each layer's tokens :math:`t` (positions of a convolution, tokens of a sequence), with :math:`a`
+    the layer's input (a 1 appended for a trainable bias), :math:`g_{o} = \partial f_o / \partial z` the
+    cotangent at its output and :math:`s` a dot product (an equality of token ids for embeddings); parameters
+    partition by layer, so there are no cross-layer terms. Each layer type has a rule (:mod:`lazykern.ntk.rules`):
+    ``nn.Linear`` (any token axes), ``nn.Conv1d/2d/3d``, ``nn.LayerNorm``, ``nn.GroupNorm``, ``nn.BatchNorm*``
+    (eval mode), ``nn.Embedding``, ``nn.MultiheadAttention``; any other module with trainable parameters costs
+    explicit per-sample gradients (with a :class:`~lazykern.ntk.NTKFallbackWarning`). Layers with an implicit
+    (pair formula) and an explicit (per-sample gradient) form take the cheaper one for this block
+    (:func:`~lazykern.ntk.choose_form`) unless ``forms`` says otherwise.
 
-    Gradients flow to ``x1``, ``x2`` (when they require grad) through every product, block,
-    diagonal and entry.
+    Gradients flow to ``x1``, ``x2`` (when they require grad) through every product, block, diagonal and entry.
 
     Args:
-        model: the network; it maps ``(batch, *sample_shape)`` inputs (floating, or integer token
-            ids) to ``(batch, ...)`` outputs, flattened to ``k`` per sample. Only parameters with
-            ``requires_grad`` count. It is left unchanged (hooks removed, modes and flags
-            untouched), also when this raises.
+        model: the network; it maps ``(batch, *sample_shape)`` inputs (floating, or integer token ids) to
+            ``(batch, ...)`` outputs, flattened to ``k`` per sample. Only parameters with ``requires_grad``
+            count. It is left unchanged (hooks removed, modes and flags untouched), also when this raises.
         x1: ``(N1, *sample_shape)`` inputs (rows).
         x2: ``(N2, *sample_shape)`` inputs (columns); ``None`` means ``x1`` (features shared).
-        mode: ``"full"``: shape ``(N1 k, N2 k)``, row ``i k + o``; ``"trace"``: ``(N1, N2)``,
-            :math:`\sum_o \Theta_{oo}`.
-        backend: ``"keops"`` (symbolic reductions over features: KeOps, or on a GPU where KeOps
-            fails its health check lazykern's Triton engine: :func:`lazykern.backend.symbolic_engine`),
-            ``"dense"`` (the chunked torch engine), ``"linearized"`` (:math:`J (J^\top v)` through
-            the network, for products) or ``"auto"`` (per product, from throughputs measured on the device:
-            :func:`~lazykern.ntk.choose_backend`).
-        forms: ``None`` (cost rule), ``"implicit"`` or ``"explicit"`` (for every layer that has
-            that form), or a mapping from layer names (``"features.0"``, or a piece such as
-            ``"encoder.self_attn[q]"``) to forms.
-        plan: if ``True``, return the :class:`~lazykern.ntk.NTKPlan` (per layer: rule, form, feature
-            size, predicted work) instead of the operator; nothing of the kernel is computed.
-        out: where to write the whole kernel instead of returning the operator
-            (:mod:`lazykern.ntk.stream`): a tensor or NumPy array (or memmap) of the kernel's shape and
-            the model's dtype, or a path ending in ``.npy`` (created, or continued where an earlier run
-            stopped, with a progress record beside it). The kernel is formed in square tiles of
-            ``block_size`` samples, each off-diagonal tile of a symmetric kernel once; memory holds the
-            features of two blocks and one tile, whatever N. ``x1`` and ``x2`` may then also be
-            ``torch.utils.data.Dataset`` or ``DataLoader`` objects, read block by block.
-        block_size: samples per tile side with ``out`` (default: the largest whose features and tile
-            fit :class:`lazykern.settings.max_dense_bytes`, :func:`lazykern.ntk.stream.block_size`).
+        mode: ``"full"``: shape ``(N1 k, N2 k)``, row ``i k + o``; ``"trace"``: ``(N1, N2)``, :math:`\sum_o \Theta_{oo}`.
+        backend: ``"keops"`` (symbolic reductions over features: KeOps, or on a GPU where KeOps fails its
+            health check lazykern's Triton engine: :func:`lazykern.backend.preferred`), ``"dense"`` (the
+            chunked torch engine), ``"linearized"`` (:math:`J (J^\top v)` through the network, for products)
+            or ``"auto"`` (per product, from throughputs measured on the device: :func:`~lazykern.ntk.choose_backend`).
+        forms: ``None`` (cost rule), ``"implicit"`` or ``"explicit"`` (for every layer that has that form), or
+            a mapping from layer names (``"features.0"``, or a piece such as ``"encoder.self_attn[q]"``) to forms.
+        plan: if ``True``, return the :class:`~lazykern.ntk.NTKPlan` (per layer: rule, form, feature size,
+            predicted work) instead of the operator; nothing of the kernel is computed.
+        out: where to write the whole kernel instead of returning the operator (:mod:`lazykern.ntk.stream`):
+            a tensor or NumPy array (or memmap) of the kernel's shape and the model's dtype, or a path ending
+            in ``.npy`` (created, or continued where an earlier run stopped, with a progress record beside
+            it). The kernel is formed in square tiles of ``block_size`` samples, each off-diagonal tile of a
+            symmetric kernel once; memory holds the features of two blocks and one tile, whatever N. ``x1``
+            and ``x2`` may then also be ``torch.utils.data.Dataset`` or ``DataLoader`` objects, read block by block.
+        block_size: samples per tile side with ``out`` (default: the largest whose features and tile fit
+            :class:`lazykern.settings.max_dense_bytes`, :func:`lazykern.ntk.stream.block_size`).
         progress: with ``out``, a progress bar over the pairs and a one-line summary on stderr.
 
     Returns:
-        :class:`NTKOperator` (``@``, ``.diagonal()``, ``.to_dense()``, slicing by whole samples,
-        ``linear_operator``/GPyTorch solves), the :class:`~lazykern.ntk.NTKPlan`, or, with ``out``,
-        ``out`` filled (for a path: the ``.npy`` file opened as a ``numpy.memmap``).
+        :class:`NTKOperator` (``@``, ``.diagonal()``, ``.to_dense()``, slicing by whole samples, ``linear_operator``/
+        GPyTorch solves), the :class:`~lazykern.ntk.NTKPlan`, or, with ``out``, ``out`` filled (for a path: the
+        ``.npy`` file opened as a ``numpy.memmap``).
 
     Example:
         >>> import torch

@@ -2,8 +2,10 @@ r"""NTK blocks, products, diagonals and entries from per-layer features, on the 
 
 Every pairwise sum runs through :mod:`lazykern.backend` (``pairwise_matmul``, ``pairwise_dense``,
 ``elementwise``) with an :class:`~lazykern.formulas.ntk.NTKFormula` over concatenated row features;
-the NTK backend ``"keops"`` or ``"dense"`` selects the engine of symbolic reductions (KeOps, or on a GPU
-where KeOps fails its health check the Triton engine) or the chunked torch engine. Rows are:
+the NTK backend ``"keops"`` or ``"dense"`` names the engine of the pairwise products
+(:data:`BACKEND_ENGINES`, :func:`lazykern.backend.preferred`: symbolic reductions, KeOps or on a GPU
+where KeOps fails its health check the Triton engine, or the chunked torch engine), and that engine
+says how wide the features are padded (:meth:`lazykern.engine.Engine.padded_width`). Rows are:
 
 * trace mode: (sample, token), features :math:`[a_t \mid \operatorname{vec}_o g_{o,t}]` per term; the
   sum over token pairs is the sum of the row results over each sample's tokens;
@@ -21,27 +23,23 @@ distinct token and gather it back; blocks visit only the pairs of equal tokens.
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import backend, settings
+from .. import backend
 from ..formulas.ntk import NTKFormula, NTKPart
-from ..keops.session import padded_size
 from .features import batch_bytes
 from .rules import implicit_matmul_macs
 from .terms import Explicit, Implicit, Sparse, Term, index_terms, num_samples
 
-__all__ = ["engine", "dense", "matmul", "diagonal", "entries"]
+__all__ = ["BACKEND_ENGINES", "dense", "matmul", "diagonal", "entries"]
 
-def engine(name: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """The backend engine of an NTK backend on ``device``: for ``"keops"``, the engine of symbolic
-    reductions there (:func:`lazykern.backend.symbolic_engine`: KeOps, or on a GPU where KeOps fails
-    its health check the Triton engine); the chunked torch engine else."""
-    return settings.engine(backend.symbolic_engine(device) if name == "keops" else "torch")
+#: The engine an NTK backend's pairwise products ask the chooser for (:func:`lazykern.backend.preferred`):
+#: symbolic reductions for ``"keops"``, the chunked torch engine's matrix products (BLAS) for ``"dense"``.
+BACKEND_ENGINES = {"keops": "keops", "dense": "torch"}
 
 
 def _outputs(terms: list[Term]) -> int:
@@ -49,15 +47,18 @@ def _outputs(terms: list[Term]) -> int:
     return (t.e if isinstance(t, Explicit) else t.g).shape[1]
 
 
-def _pad(t: Tensor, pad: bool) -> Tensor:
-    return F.pad(t, (0, padded_size(t.shape[-1]) - t.shape[-1])) if pad else t
+def _pad(t: Tensor, padded: Callable[[int], int] | None) -> Tensor:
+    width = t.shape[-1] if padded is None else padded(t.shape[-1])
+    return F.pad(t, (0, width - t.shape[-1])) if width != t.shape[-1] else t
 
 
-def _rows(terms: list[Term], mode: str, pad: bool = False, with_g: bool = True) -> tuple[Tensor, NTKFormula]:
+def _rows(terms: list[Term], mode: str, padded: Callable[[int], int] | None = None,
+          with_g: bool = True) -> tuple[Tensor, NTKFormula]:
     """Row features ``(N, R, T, D)`` of terms sharing a token count, and their formula.
 
     ``R`` is 1 (trace mode, or ``with_g=False``) or ``k`` (full mode). Explicit terms (one token)
-    enter trace-mode rows as parts without first factor.
+    enter trace-mode rows as parts without first factor. ``padded``: the width each feature block
+    is zero-padded to (the engine's :meth:`~lazykern.engine.Engine.padded_width`), if any.
     """
     cols: list[Tensor] = []
     parts: list[NTKPart] = []
@@ -72,16 +73,16 @@ def _rows(terms: list[Term], mode: str, pad: bool = False, with_g: bool = True) 
     reps = 1 if mode == "trace" or not with_g else _outputs(terms)
     for term in terms:
         if isinstance(term, Explicit):
-            e = _pad(term.e.flatten(1), pad)
+            e = _pad(term.e.flatten(1), padded)
             parts.append(NTKPart(None, add(e[:, None, None, :]), "one"))
             continue
         n, k, t, h = term.g.shape
-        a = term.a if term.similarity == "equal" else _pad(term.a, pad)
+        a = term.a if term.similarity == "equal" else _pad(term.a, padded)
         a_range = add(a[:, None].expand(n, reps, t, a.shape[-1]))
         g_range = None
         if with_g:
             g = term.g.permute(0, 2, 1, 3).reshape(n, 1, t, k * h) if mode == "trace" else term.g
-            g_range = add(_pad(g, pad))
+            g_range = add(_pad(g, padded))
         parts.append(NTKPart(a_range, g_range, term.similarity))
     return torch.cat(cols, dim=-1), NTKFormula(tuple(parts))
 
@@ -218,12 +219,12 @@ def _dense_full_implicit(t1: Implicit, t2: Implicit, blocks: list[slice], add) -
 def matmul(f1: list[Term], f2: list[Term], rhs: Tensor, mode: str, engine_name: str) -> Tensor:
     r""":math:`\Theta V` with ``rhs`` ``(N2, C)`` (trace) or ``(N2 k, C)`` (full, row ``j k + o``).
 
-    Implicit terms run pairwise (always with ``engine_name="keops"``: see :func:`engine`) or factored through
-    the layer's weight-gradient space, whichever :func:`~lazykern.ntk.rules.implicit_matmul_macs`
-    predicts cheaper; explicit and sparse terms are low rank.
+    Implicit terms run pairwise (always with the backend ``engine_name="keops"``) on the engine of
+    the backend (:data:`BACKEND_ENGINES`), or factored through the layer's weight-gradient space,
+    whichever :func:`~lazykern.ntk.rules.implicit_matmul_macs` predicts cheaper; explicit and sparse
+    terms are low rank.
     """
     n1, n2, k, c = num_samples(f1), num_samples(f2), _outputs(f1), rhs.shape[-1]
-    pad = engine_name == "keops"
     out = rhs.new_zeros(n1, k, c) if mode == "full" else rhs.new_zeros(n1, c)
     pairwise = []
     for i, (t1, t2) in enumerate(zip(f1, f2)):
@@ -241,17 +242,19 @@ def matmul(f1: list[Term], f2: list[Term], rhs: Tensor, mode: str, engine_name: 
                 out = out + _sparse_matmul(_as_sparse(t1), _as_sparse(t2), rhs, mode)
             else:
                 out = out + _factored_matmul(t1, t2, rhs, mode)
+    # the engine of the pairwise products, asked only where there are some (on a GPU: KeOps' health check)
+    choice = backend.preferred(BACKEND_ENGINES[engine_name], rhs.device) if pairwise else None
+    padded = None if choice is None else choice.engine.padded_width
     if mode == "trace":
         by_tokens: dict[int, list[int]] = {}
         for i in pairwise:
             by_tokens.setdefault(f1[i].tokens, []).append(i)
         for t, idx in by_tokens.items():
-            x1, formula = _rows([f1[i] for i in idx], mode, pad)
-            x2, _ = _rows([f2[i] for i in idx], mode, pad)
-            with engine(engine_name, x1.device):
-                w = backend.pairwise_matmul(
-                    formula, x1.reshape(n1 * t, -1), x2.reshape(n2 * t, -1), {}, rhs.repeat_interleave(t, dim=0)
-                )
+            x1, formula = _rows([f1[i] for i in idx], mode, padded)
+            x2, _ = _rows([f2[i] for i in idx], mode, padded)
+            w = backend.pairwise_matmul(
+                formula, x1.reshape(n1 * t, -1), x2.reshape(n2 * t, -1), {}, rhs.repeat_interleave(t, dim=0), choice
+            )
             out = out + w.view(n1, t, c).sum(1)
         return out
     v = rhs.view(n2, k, c)
@@ -259,10 +262,9 @@ def matmul(f1: list[Term], f2: list[Term], rhs: Tensor, mode: str, engine_name: 
         t1, t2 = f1[i], f2[i]
         t, h = t1.g.shape[2], t1.g.shape[3]
         u = torch.einsum("jotH,joc->jtHc", t2.g, v).reshape(n2 * t, h * c)
-        a1, formula = _rows([t1], mode, pad, with_g=False)
-        a2, _ = _rows([t2], mode, pad, with_g=False)
-        with engine(engine_name, a1.device):
-            w = backend.pairwise_matmul(formula, a1.reshape(n1 * t, -1), a2.reshape(n2 * t, -1), {}, u)
+        a1, formula = _rows([t1], mode, padded, with_g=False)
+        a2, _ = _rows([t2], mode, padded, with_g=False)
+        w = backend.pairwise_matmul(formula, a1.reshape(n1 * t, -1), a2.reshape(n2 * t, -1), {}, u, choice)
         out = out + torch.einsum("iotH,itHc->ioc", t1.g, w.view(n1, t, h, c))
     return out.reshape(n1 * k, c)
 

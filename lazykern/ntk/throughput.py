@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .. import backend, settings
+from .. import backend
 from ..formulas.ntk import NTKFormula, NTKPart
 
 __all__ = ["Rates", "measured_rates", "synchronize"]
@@ -107,9 +107,10 @@ def _keops_rate(device: torch.device, dtype: torch.dtype) -> float:
     v = torch.randn(n, 1, generator=g, dtype=dtype).to(device)
     formula = NTKFormula((NTKPart((0, 16), (16, 32)),))
 
+    choice = backend.preferred("keops", device)  # the engine the "keops" backend will run
+
     def reduce() -> None:
-        with settings.engine(backend.symbolic_engine(device)):  # the engine the "keops" backend will run
-            backend.pairwise_matmul(formula, x, x, {}, v)
+        backend.pairwise_matmul(formula, x, x, {}, v, choice)
 
     return _rate(n * n * 33, reduce, device)
 

@@ -9,7 +9,6 @@ from linear_operator.operators import KernelLinearOperator, LinearOperator
 from torch import Tensor
 
 from .. import backend
-from ..engine import Engine
 from ..formulas import Combination, Part, Scaled
 from .dense_cache import DENSE_CACHE
 from .preconditioning import attach_grid_preconditioner
@@ -79,9 +78,9 @@ class LazyKernelOperator(KernelLinearOperator):
             t.requires_grad for t in (self.x1, self.x2, rhs, *self.tensor_params.values())
         )
 
-    def _cached_dense(self) -> tuple[Tensor | None, Engine | None]:
+    def _cached_dense(self) -> tuple[Tensor | None, backend.Choice | None]:
         """The dense matrix from the dense cache, formed now if it fits the budget and the chosen
-        engine's products do not cost less than forming it; else ``None``. Also the engine, when
+        engine's products do not cost less than forming it; else ``None``. Also the chooser's answer, when
         this asked the chooser (so that a product asks it once)."""
         others = (self.x2, *self.tensor_params.values())
         dense = DENSE_CACHE.lookup(self.x1, others, self.covar_func)
@@ -91,23 +90,23 @@ class LazyKernelOperator(KernelLinearOperator):
         nbytes = self.batch_broadcast_shape.numel() * n * m * self.x1.element_size()
         if not DENSE_CACHE.fits(nbytes, self.x1.device):
             return None, None
-        engine = backend.choose_engine(self.covar_func, self.x1, self.x2, self.tensor_params)
-        if engine.products_beat_dense:
-            return None, engine
+        choice = backend.choose_engine(self.covar_func, self.x1, self.x2, self.tensor_params)
+        if choice.engine.products_beat_dense:
+            return None, choice
         with torch.no_grad():
-            dense = backend.pairwise_dense(self.covar_func, self.x1, self.x2, self.tensor_params, engine)
+            dense = backend.pairwise_dense(self.covar_func, self.x1, self.x2, self.tensor_params, choice)
         DENSE_CACHE.store(self.x1, others, self.covar_func, dense)
-        return dense, engine
+        return dense, choice
 
     def _matmul(self, rhs: Tensor) -> Tensor:
         # Inside linear_operator's Matmul/solve functions grad is off here and gradients come from
         # _bilinear_derivative, which calls back into this method with grad on: the lazy branch.
-        engine = None
+        choice = None
         if not self._needs_grad(rhs):
-            dense, engine = self._cached_dense()
+            dense, choice = self._cached_dense()
             if dense is not None:
                 return backend.dense_matmul(dense, rhs)
-        return backend.pairwise_matmul(self.covar_func, self.x1, self.x2, self.tensor_params, rhs, engine)
+        return backend.pairwise_matmul(self.covar_func, self.x1, self.x2, self.tensor_params, rhs, choice)
 
     def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor) -> tuple[Tensor | None, ...]:
         if torch.is_grad_enabled():
@@ -159,10 +158,10 @@ class LazyKernelOperator(KernelLinearOperator):
         """The dense ``(..., N, M)`` matrix: differentiable when gradients are enabled and some
         input requires them, else the dense-cache copy when it fits the budget."""
         if not (torch.is_grad_enabled() and self.requires_grad):
-            dense, engine = self._cached_dense()
+            dense, choice = self._cached_dense()
             if dense is not None:
                 return dense
-            return backend.pairwise_dense(self.covar_func, self.x1, self.x2, self.tensor_params, engine)
+            return backend.pairwise_dense(self.covar_func, self.x1, self.x2, self.tensor_params, choice)
         return backend.pairwise_dense(self.covar_func, self.x1, self.x2, self.tensor_params)
 
     def _diagonal(self) -> Tensor:

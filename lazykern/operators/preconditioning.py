@@ -9,8 +9,9 @@ quadrature: the closure applies :math:`P^{-1}` in CG, ``precond_lt`` draws the p
 
 For the sums of one-dimensional terms the structured engine takes (first-order additive Matérn
 and RBF kernels, :func:`lazykern.structured.grid.additive_terms`), on ``K(X, X)`` without batch
-dimensions, :func:`attach_grid_preconditioner` gives the operator
-:class:`lazykern.structured.grid.AdditiveGrid` instead (``preconditioner_override``), which is
+dimensions, :func:`attach_grid_preconditioner` gives the operator the engine's preconditioner
+(:func:`lazykern.backend.preconditioner`: :class:`lazykern.structured.grid.AdditiveGrid`) instead
+(``preconditioner_override``), which is
 exact for its :math:`P` in all three. :math:`P` is built from detached hyperparameters: the
 log-determinant's value is still :math:`\log|P| + \log|P^{-1} K|` and its gradient,
 :math:`\operatorname{tr}(K^{-1} \partial K)` estimated with the preconditioned probes, needs no
@@ -29,8 +30,10 @@ from linear_operator import settings
 from linear_operator.operators import AddedDiagLinearOperator, LinearOperator
 from torch import Tensor
 
+from .. import backend
 from .. import settings as lazykern_settings
-from ..structured.grid import MAX_RANK, AdditiveGrid, additive_terms
+from ..backend import PRECONDITIONER_MAX_RANK as MAX_RANK
+from ..engine import Preconditioner
 
 __all__ = ["GridPreconditionerOperator", "attach_grid_preconditioner", "grid_preconditioner"]
 
@@ -43,25 +46,27 @@ def _path_rank(n: int, dims: int) -> int:
 
 
 class GridPreconditionerOperator(LinearOperator):
-    r"""The preconditioner :math:`P` of a :class:`~lazykern.structured.grid.AdditiveGrid` as a
+    r"""An engine's preconditioner :math:`P` (:class:`lazykern.engine.Preconditioner`, the grid's
+    :class:`~lazykern.structured.grid.AdditiveGrid`) as a
     ``LinearOperator`` (``precond_lt``): products, and draws from :math:`\mathcal N(0, P)` for
     stochastic Lanczos quadrature's probes. Its one tensor is the (detached) noise diagonal, so
     that ``linear_operator`` passes no gradient into it.
 
     Args:
         noise: ``(N,)`` the noise diagonal (gives the dtype and size).
-        grid: the :class:`~lazykern.structured.grid.AdditiveGrid`.
+        grid: the preconditioner (:func:`lazykern.backend.preconditioner` builds it).
 
     Example:
         >>> import torch
         >>> from lazykern.formulas import StationaryFormula
         >>> x, noise = torch.rand(300, 2, dtype=torch.float64), torch.full((300,), 0.1, dtype=torch.float64)
-        >>> P = GridPreconditionerOperator(noise, grid=AdditiveGrid(StationaryFormula("rbf"), x, torch.ones(2), noise))
+        >>> build = backend.preconditioner(StationaryFormula("rbf", additive=True), x, {"scales": torch.ones(1, 2)})
+        >>> P = GridPreconditionerOperator(noise, grid=build(noise))
         >>> P.shape, P.zero_mean_mvn_samples(5).shape
         (torch.Size([300, 300]), torch.Size([5, 300]))
     """
 
-    def __init__(self, noise: Tensor, *, grid: AdditiveGrid) -> None:
+    def __init__(self, noise: Tensor, *, grid: Preconditioner) -> None:
         super().__init__(noise, grid=grid)
         self.noise = noise
         self.grid = grid
@@ -100,10 +105,10 @@ def _reused_or_built(operator: AddedDiagLinearOperator) -> tuple[LinearOperator,
     if entry is not None and entry[0] > 0:
         entry[0] -= 1
         return entry[1]
-    one_dimensional, scales = additive_terms(kernel.covar_func, kernel.x1, kernel.tensor_params)
+    build = backend.preconditioner(kernel.covar_func, kernel.x1, kernel.tensor_params)
     noise = operator._diag_tensor.diagonal(dim1=-2, dim2=-1).detach().expand(operator.size(-1))
     with torch.no_grad():
-        grid = AdditiveGrid(one_dimensional, kernel.x1, scales.reshape(-1), noise, max_rank=_path_rank(*kernel.x1.shape))
+        grid = build(noise, max_rank=_path_rank(*kernel.x1.shape))
     built = (GridPreconditionerOperator(noise.contiguous(), grid=grid), torch.tensor(grid.logdet, dtype=operator.dtype))
     _REUSED.clear()
     if uses > 1:
@@ -163,7 +168,7 @@ def attach_grid_preconditioner(added: LinearOperator) -> LinearOperator:
     kernel = added._linear_op
     if not (hasattr(kernel, "covar_func") and kernel.dim() == 2 and kernel._same_points()):
         return added
-    if additive_terms(kernel.covar_func, kernel.x1, kernel.tensor_params) is None:
+    if backend.preconditioner(kernel.covar_func, kernel.x1, kernel.tensor_params) is None:
         return added
     if any(p.shape[:-2].numel() != 1 for p in kernel.tensor_params.values()):
         return added

@@ -5,8 +5,8 @@ A preconditioner is any callable that applies :math:`M^{-1} \approx (K + \sigma 
 per iteration. Both classes here read only the diagonal (``K.diagonal()``) and, for the low-rank
 one, ``rank`` rows (``K[..., rows, :]``) of the operator: O(N D) kernel evaluations each, so a
 lazy kernel operator stays lazy. :class:`GridPreconditioner`, for the additive kernels of the
-structured engine, reads the operator's inputs and hyperparameters instead
-(:mod:`lazykern.structured.grid`).
+structured engine, reads the operator's inputs and hyperparameters instead (the engine's
+preconditioner, :func:`lazykern.backend.preconditioner`: :mod:`lazykern.structured.grid`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from linear_operator import to_dense
 from linear_operator.operators import LinearOperator
 from torch import Tensor
 
+from .. import backend
 from ..operators import LazyKernelOperator
-from ..structured.grid import AdditiveGrid, additive_terms
 from ..validation import check_positive_int
 
 __all__ = ["GridPreconditioner", "JacobiPreconditioner", "PivotedCholeskyPreconditioner", "Preconditioner"]
@@ -212,13 +212,12 @@ class GridPreconditioner:
     def __init__(self, K: LazyKernelOperator, shift: float) -> None:
         n = _square_size(K)
         shift = _check_shift(shift, positive=True)
-        terms = additive_terms(K.covar_func, K.x1, K.tensor_params) if isinstance(K, LazyKernelOperator) else None
-        if terms is None or not K._same_points():
+        build = backend.preconditioner(K.covar_func, K.x1, K.tensor_params) if isinstance(K, LazyKernelOperator) else None
+        if build is None or not K._same_points():
             raise ValueError("K must be a lazykern K(X, X) of a first-order additive Matérn or RBF kernel on CPU tensors "
                              f"(what the structured engine takes), got {type(K).__name__}")
-        kernel, scales = terms
         self.dtype = K.dtype
-        self.grid = AdditiveGrid(kernel, K.x1, scales.reshape(-1), torch.full((n,), shift, dtype=torch.float64))
+        self.grid = build(torch.full((n,), shift, dtype=torch.float64))
 
     def __call__(self, R: Tensor) -> Tensor:
         """:math:`M^{-1} R` for an ``(N,)`` or ``(N, C)`` block."""

@@ -6,8 +6,10 @@ Markov process: after one sort, a product is two linear recurrences
 Gauss transform with a stated bound (:mod:`lazykern.structured.gauss`). Gradients are one more
 pass with the two sets' roles exchanged (:mod:`lazykern.structured.additive`). Each dimension's sums
 are reduced over the dimensions inside the walks (:mod:`lazykern.structured.combine`). ``ENGINE`` is the
-engine as the chooser lists it (:mod:`lazykern.structured.engine`). The preconditioner of solves
-with these kernels interpolates each term from a grid (:mod:`lazykern.structured.grid`).
+engine as the chooser lists it (:mod:`lazykern.structured.engine`), whose plan of a formula is its
+additive form (:mod:`lazykern.structured.forms`). The preconditioner of solves with these kernels
+interpolates each term from a grid (:mod:`lazykern.structured.grid`), and the engine builds it
+(:meth:`~lazykern.structured.engine.StructuredEngine.preconditioner`).
 """
 
 from .additive import REDUCTIONS, gradients, merged_order, product

@@ -34,20 +34,20 @@ differentiable to any order.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Mapping, NamedTuple
+import functools
+from typing import Callable, Mapping
 
 import torch
 from torch import Tensor
 
 from .. import row_blocks, settings
-from ..engine import Engine, Formula, Gradients
-from ..formulas import InteractionFormula, Scaled, StationaryFormula
+from ..engine import Engine, Gradients, Preconditioner
+from ..formulas import Formula, StationaryFormula
 from .additive import gradients, product
+from .forms import AdditiveForm, additive_form, plan
+from .grid import AdditiveGrid, additive_terms
 
 __all__ = ["ENGINE", "AdditiveForm", "StructuredEngine", "additive_form"]
-
-_FAMILIES = ("matern", "rbf")
 
 
 def _parameter(formula: StationaryFormula, dtype: torch.dtype) -> float:
@@ -55,43 +55,6 @@ def _parameter(formula: StationaryFormula, dtype: torch.dtype) -> float:
     if formula.family == "matern":
         return formula.nu
     return settings.structured_tolerance.for_dtype(dtype)
-
-
-class AdditiveForm(NamedTuple):
-    """A formula's first-order additive form: the additive formula of its one-dimensional terms and
-    its effective per-dimension scales (outer scales folded in)."""
-
-    terms: StationaryFormula
-    scales: Tensor
-
-
-def additive_form(formula: Formula, params: Mapping[str, Tensor]) -> AdditiveForm | None:
-    """The first-order additive form of ``formula`` with ``params``, or ``None`` where it has none.
-
-    Example:
-        >>> f = InteractionFormula(StationaryFormula("matern", nu=2.5), max_degree=1)
-        >>> form = additive_form(Scaled(f), {"order_variances": torch.full((1, 1), 3.0),
-        ...                                  "scales": torch.ones(1, 3), "outputscale": torch.full((1, 1), 2.0)})
-        >>> form.terms, form.scales.tolist()   # 2 * 3 / 3: the first order is normalized
-        (StationaryFormula(family='matern', additive=True, nu=2.5), [[2.0, 2.0, 2.0]])
-    """
-    names, outer = set(params), None
-    if isinstance(formula, Scaled):
-        formula, outer, names = formula.formula, params["outputscale"], names - {"outputscale"}
-    if isinstance(formula, StationaryFormula):
-        if not (formula.additive and formula.family in _FAMILIES and names == {"scales"}):
-            return None
-        form = AdditiveForm(formula, params["scales"])
-    elif isinstance(formula, InteractionFormula):
-        if not (formula.max_degree == 1 and formula.kind == "base" and formula.base.family in _FAMILIES
-                and names == {"scales", "order_variances"}):
-            return None
-        terms = dataclasses.replace(formula.base, additive=True)
-        scales = params["scales"]  # the first order is normalized: sigma_1^2 / D times the sum over D dimensions
-        form = AdditiveForm(terms, params["order_variances"] * scales / scales.shape[-1])
-    else:
-        return None
-    return form if outer is None else form._replace(scales=outer * form.scales)
 
 
 def _product(form: AdditiveForm, x1: Tensor, x2: Tensor, rhs: Tensor) -> Tensor:
@@ -159,59 +122,71 @@ class _Matmul(torch.autograd.Function):
 
 
 class StructuredEngine(Engine):
-    """First-order additive kernels of one-dimensional Matérn or Gaussian terms in O((N + M) d).
+    """First-order additive kernels of one-dimensional Matérn or Gaussian terms in O((N + M) d). Its
+    plan of a formula is the formula's additive form (:func:`lazykern.structured.forms.plan`), and
+    its preconditioner of solves with them interpolates each term from a grid
+    (:class:`lazykern.structured.grid.AdditiveGrid`).
 
     Example:
         >>> import torch
         >>> from lazykern.formulas import StationaryFormula
         >>> x = torch.randn(300, 4, dtype=torch.float64)
         >>> f, s = StationaryFormula("matern", additive=True, nu=2.5), {"scales": torch.ones(1, 4, dtype=torch.float64)}
-        >>> ENGINE.supports(f, x, x, s), ENGINE.supports(StationaryFormula("rbf"), x, x, {})
-        (True, False)
-        >>> ENGINE.matmul(f, x, x, s, torch.ones(300, 2, dtype=torch.float64)).shape
+        >>> plan = ENGINE.supports(f, x, x, s)
+        >>> type(plan).__name__, ENGINE.supports(StationaryFormula("rbf"), x, x, {})
+        ('AdditiveForm', None)
+        >>> ENGINE.matmul(f, x, x, s, torch.ones(300, 2, dtype=torch.float64), plan).shape
         torch.Size([300, 2])
     """
 
     name = "structured"
     products_beat_dense = True
 
-    def supports(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
-        form = additive_form(formula, params)
-        return (
-            form is not None
-            and x1.device.type == "cpu"
-            and x2.device.type == "cpu"
-            and x1.shape[-1] == x2.shape[-1]
-        )
+    def supports(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> AdditiveForm | None:
+        return plan(formula, x1, x2, params)
 
-    def matmul(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
-        if not self.supports(formula, x1, x2, params):
-            raise ValueError(
-                "the structured engine evaluates first-order additive Matérn and RBF kernels "
+    def unsupported(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> str:
+        return ("the structured engine evaluates first-order additive Matérn and RBF kernels "
                 "(StationaryFormula(additive=True) with parameters {'scales'}, or InteractionFormula(max_degree=1) "
                 f"of such terms, optionally Scaled) on CPU tensors; got {formula!r} "
-                f"with parameters {sorted(params)} on {x1.device}"
-            )
-        return _product(additive_form(formula, params), x1, x2, rhs)
+                f"with parameters {sorted(params)} on {x1.device}")
+
+    def matmul(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor,
+               plan: AdditiveForm | None = None) -> Tensor:
+        return _product(self.planned(plan, formula, x1, x2, params), x1, x2, rhs)
 
     def fuses_symmetric_gradient(self, formula: Formula) -> bool:
         return True
 
     def symmetric_gradients(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
-                            left: Tensor, right: Tensor) -> Gradients | None:
+                            left: Tensor, right: Tensor, plan: AdditiveForm | None = None) -> Gradients | None:
         # The gradients of <L, K R> by this engine's own backward: one walk with the values [R, L].
         if x1 is not x2 and (x1.requires_grad or x2.requires_grad):
             return None
+        self.planned(plan, formula, x1, x2, params)
         with torch.enable_grad():
             x = x1.detach().requires_grad_(x1.requires_grad)
             leaves = {name: p.detach().requires_grad_(p.requires_grad) for name, p in params.items()}
             wanted = [t for t in (x, *leaves.values()) if t.requires_grad]
             if not wanted:
                 return None, None, {name: None for name in params}
+            # the form again, of the leaves: the plan's scales are of the parameters themselves
             out = _product(additive_form(formula, leaves), x, x, right.detach())
             grads = iter(torch.autograd.grad(out, wanted, left.detach()))
         grad_x = next(grads) if x.requires_grad else None
         return grad_x, None, {name: next(grads) if p.requires_grad else None for name, p in leaves.items()}
 
+    def preconditioner(self, formula: Formula, x: Tensor,
+                       params: Mapping[str, Tensor]) -> Callable[..., Preconditioner] | None:
+        """The grid preconditioner (:class:`~lazykern.structured.grid.AdditiveGrid`) of the terms
+        :func:`~lazykern.structured.grid.additive_terms` finds, for one set of points without batch
+        dimensions: ``build(noise, max_rank=...)``."""
+        terms = additive_terms(formula, x, params)
+        if terms is None:
+            return None
+        one_dimensional, scales = terms
+        return functools.partial(AdditiveGrid, one_dimensional, x, scales.reshape(-1))
 
+
+#: The structured engine, as the chooser (:mod:`lazykern.backend`) lists it.
 ENGINE = StructuredEngine()

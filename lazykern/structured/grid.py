@@ -51,7 +51,7 @@ from torch import Tensor
 
 from ..formulas import Scaled, StationaryFormula
 from ..native import load_file
-from .engine import ENGINE, additive_form
+from .forms import additive_form, plan
 
 __all__ = ["GRID_SPACING", "KEPT_FRACTION", "MAX_GRID_POINTS", "MAX_RANK", "MIN_GRID_POINTS", "AdditiveGrid",
            "additive_terms", "cubic_weights"]
@@ -107,7 +107,7 @@ def additive_terms(formula: object, x: Tensor, params: Mapping[str, Tensor]) -> 
         >>> one, scales.tolist()
         (StationaryFormula(family='matern', additive=False, nu=1.5), [[2.0, 2.0, 2.0]])
     """
-    if not ENGINE.supports(formula, x, x, params):
+    if not plan(formula, x, x, params):
         return None
     form = additive_form(formula, params)
     return dataclasses.replace(form.terms, additive=False), form.scales

@@ -8,9 +8,8 @@ generated into a cache folder and imported (``lazykern.triton.build``). Triton s
 every CUDA build of torch and needs no CUDA toolkit; ``TRITON_INTERPRET=1`` (set before triton is
 imported) runs the same kernels on CPU tensors, which is how the engine is tested without a GPU.
 
-Functions (same shapes and contracts as :mod:`lazykern.cpu`): :func:`matmul`, :func:`dense`,
-:func:`symmetric_gradients`, :func:`supports` and :func:`available`; ``ENGINE`` is the engine as
-the chooser lists it. Diagonals and gathered
+The package's face is ``ENGINE`` (:mod:`lazykern.triton.engine`), the engine as the chooser lists
+it, with the contract of every engine (:class:`lazykern.engine.Engine`). Diagonals and gathered
 entries are not passes over pairs: :func:`lazykern.backend.elementwise` evaluates them, O(N D),
 on any device. Importing this package does not import triton.
 
@@ -19,10 +18,10 @@ Example:
     >>> from lazykern.formulas import StationaryFormula
     >>> from lazykern import triton as lk_triton
     >>> x = torch.randn(20, 3, dtype=torch.float64)
-    >>> lk_triton.supports(StationaryFormula("rbf"), x, x, {}) == lk_triton.available()
+    >>> bool(lk_triton.ENGINE.supports(StationaryFormula("rbf"), x, x, {})) == lk_triton.ENGINE.available()
     True
 """
 
-from .reductions import ENGINE, available, dense, matmul, supports, symmetric_gradients
+from .engine import ENGINE
 
-__all__ = ["ENGINE", "available", "dense", "matmul", "supports", "symmetric_gradients"]
+__all__ = ["ENGINE"]

@@ -1,14 +1,12 @@
-r"""The Triton engine's public functions: products, dense blocks and fused gradients of a formula.
+r"""The Triton target of lazykern's compiler: each pass of a product, a dense block or a fused gradient as a Triton kernel.
 
-The same compiler as the CPU engine's: each function plans its passes once per structure
+The same compiler as the CPU engine's: the passes are planned once per structure
 (:mod:`lazykern.compiler.plan`: trace, symbolic derivative, outputs), the autograd side is shared
 (:mod:`lazykern.compiler.driver`), and this module is the Triton target's side of it
 (:data:`TARGET`: buffers in the layouts of :mod:`lazykern.triton.codegen` and launches of the
-kernels :mod:`lazykern.triton.build` loads) and the Triton engine (:data:`ENGINE`). Shapes follow
-:mod:`lazykern.backend`: ``x1`` ``(..., N, D1)``,
-``x2`` ``(..., M, D2)``, parameters ``(..., 1, K)``, right-hand sides ``(..., M, C)``; batch
-dimensions broadcast. Memory: the inputs, the outputs and one tile of registers per program,
-O((N + M) D); nothing of size N x M exists except a dense block asked for.
+kernels :mod:`lazykern.triton.build` loads), which the Triton engine (:mod:`lazykern.triton.engine`)
+runs. Memory: the inputs, the outputs and one tile of registers per program, O((N + M) D); nothing
+of size N x M exists except a dense block asked for.
 
 Tiles: :data:`BLOCK` x :data:`BLOCK` pairs per program and step, and column blocks of
 :func:`_column_block`.
@@ -18,19 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 from torch import Tensor
 
-from ..compiler import driver
-from ..compiler.driver import Buffer, CompiledEngine, Target, row_buffer
-from ..compiler.plan import Reduction, plannable, unsupported
+from ..compiler.driver import Buffer, Target, row_buffer
+from ..compiler.plan import Reduction, unsupported
+from ..formulas import Formula
 from . import build
 
-Formula = Callable[..., object]
-
-__all__ = ["ENGINE", "TARGET", "available", "dense", "matmul", "supports", "symmetric_gradients"]
+__all__ = ["TARGET", "available"]
 
 #: Rows and points of one tile. Measured where it is chosen: compiling for sm_90 (H200) on a 2-core
 #: CPU, the d = 26 additive RBF's passes took 7-21 s at 32 x 32 and 29-138 s at 64 x 64 (ptxas unrolls
@@ -74,8 +70,12 @@ class TritonTarget(Target):
 
     title = "lazykern's Triton engine"
 
-    def supports(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
-        return supports(formula, x1, x2, params)
+    def available(self) -> bool:
+        return available()
+
+    def accepts(self, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
+        """Tensors on one CUDA device (on the CPU under ``TRITON_INTERPRET=1``, the interpreter's)."""
+        return all(isinstance(t, Tensor) and _device_ok(t, x1.device) for t in [x1, x2, *params.values()])
 
     def unsupported(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> str:
         if not available():
@@ -130,88 +130,4 @@ class TritonTarget(Target):
 
 #: The Triton target, as the driver (:mod:`lazykern.compiler.driver`) receives it.
 TARGET = TritonTarget()
-#: The Triton engine, as the chooser (:mod:`lazykern.backend`) lists it.
-ENGINE = CompiledEngine("triton", TARGET)
 
-
-# ---------------------------------------------------------------------------- public API
-def supports(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
-    """Whether the Triton engine evaluates ``formula`` on these tensors: the engine is
-    :func:`available`, the tensors are on a CUDA device (on the CPU under ``TRITON_INTERPRET=1``),
-    and the compiler plans the formula on them (:func:`lazykern.compiler.plan.plannable`: one dtype,
-    float32 or float64, broadcastable batch shapes, operations the targets generate). Nothing is
-    compiled.
-
-    Example:
-        >>> import torch
-        >>> from lazykern.formulas import StationaryFormula
-        >>> x = torch.randn(10, 3, dtype=torch.float64)
-        >>> supports(StationaryFormula("rbf"), x, x, {}) == available()  # CPU tensors: the interpreter's
-        True
-    """
-    tensors = [x1, x2, *params.values()]
-    if not available() or not all(isinstance(t, Tensor) and _device_ok(t, x1.device) for t in tensors):
-        return False
-    return plannable(formula, x1, x2, params)
-
-
-def matmul(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
-    r""":math:`(K V)_{ic} = \sum_j k(x^{(1)}_i, x^{(2)}_j)\, V_{jc}` on the Triton engine, without
-    storing :math:`K`, differentiable in ``x1``, ``x2``, ``rhs`` and every parameter.
-
-    Args:
-        formula, x1, x2, params, rhs: as :func:`lazykern.cpu.matmul` (the same contract, on the
-            tensors :func:`supports` accepts; a ``ValueError`` otherwise).
-
-    Example:
-        >>> import torch
-        >>> from lazykern.formulas import StationaryFormula
-        >>> x = torch.randn(20, 3, dtype=torch.float64)
-        >>> if supports(StationaryFormula("rbf"), x, x, {}):  # a GPU, or the interpreter on CPU tensors
-        ...     out = matmul(StationaryFormula("rbf"), x, x, {}, torch.ones(20, 2, dtype=torch.float64))
-        ...     assert out.shape == (20, 2)
-    """
-    driver.require_support(TARGET, formula, x1, x2, params)
-    return driver.matmul(TARGET, formula, x1, x2, params, rhs)
-
-
-def dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
-    r"""The ``(..., N, M)`` matrix :math:`K_{ij} = k(x^{(1)}_i, x^{(2)}_j)` in one pass on the Triton
-    engine (entries below the normal range stored as zeros), differentiable in ``x1``, ``x2`` and
-    every parameter (:math:`K(x, x)` of one tensor: one backward pass for both sides).
-
-    Args:
-        formula, x1, x2, params: as :func:`lazykern.cpu.dense`.
-
-    Example:
-        >>> import torch
-        >>> from lazykern.formulas import StationaryFormula
-        >>> x = torch.randn(20, 3, dtype=torch.float64)
-        >>> if supports(StationaryFormula("rbf"), x, x, {}):
-        ...     K = dense(StationaryFormula("rbf"), x, x, {})
-        ...     assert torch.allclose(K.diagonal(), torch.ones(20, dtype=torch.float64))
-    """
-    driver.require_support(TARGET, formula, x1, x2, params)
-    return driver.dense(TARGET, formula, x1, x2, params)
-
-
-def symmetric_gradients(
-    formula: Formula, x: Tensor, params: Mapping[str, Tensor], left: Tensor, right: Tensor
-) -> tuple[Tensor | None, dict[str, Tensor | None]]:
-    r"""Gradients of :math:`S = \sum_{ij} \langle l_i, r_j\rangle\, k(x_i, x_j)` for ``x`` (both
-    occurrences) and each parameter that requires grad, in ONE pass over the pairs on the Triton
-    engine.
-
-    Args:
-        formula, x, params, left, right: as :func:`lazykern.cpu.symmetric_gradients`.
-
-    Example:
-        >>> import torch
-        >>> from lazykern.formulas import StationaryFormula
-        >>> x = torch.randn(20, 3, dtype=torch.float64, requires_grad=True)
-        >>> v = torch.randn(20, 1, dtype=torch.float64)
-        >>> if supports(StationaryFormula("rbf"), x, x, {}):
-        ...     assert symmetric_gradients(StationaryFormula("rbf"), x, {}, v, v)[0].shape == (20, 3)
-    """
-    driver.require_support(TARGET, formula, x, x, params)
-    return driver.symmetric_gradients(TARGET, formula, x, params, left, right)

@@ -14,7 +14,10 @@ a fact the user did not ask about (which engine runs, and why, is what ``lazyker
 
 An import hook gives ``keopscore.utils.misc_utils`` (the module of ``KeOps_Print``,
 ``KeOps_Message`` and ``KeOps_Warning``) a ``print`` of its own once it has run; nothing of KeOps
-is imported here. ``KEOPS_VERBOSE=0`` still silences KeOps entirely.
+is imported here. ``KEOPS_VERBOSE=0`` still silences KeOps entirely. This is a matter of the
+process, not of the KeOps engine (:mod:`lazykern.keops`): GPyTorch imports KeOps whatever engine
+runs, so the hook sits below every engine, where ``import lazykern`` reaches it without importing
+torch.
 
 Example:
     >>> import subprocess, sys
@@ -53,7 +56,7 @@ def silenced() -> Iterator[None]:
     """KeOps' messages go nowhere inside this block (``lazykern``'s commands without ``--verbose``).
 
     Example:
-        >>> from lazykern.keops import messages as keops_messages
+        >>> from lazykern import keops_messages
         >>> with keops_messages.silenced():
         ...     pass
     """
@@ -73,7 +76,7 @@ def verbose() -> Iterator[None]:
     (``lazykern``'s commands with ``--verbose``).
 
     Example:
-        >>> from lazykern.keops import messages as keops_messages
+        >>> from lazykern import keops_messages
         >>> with keops_messages.verbose():
         ...     pass
     """

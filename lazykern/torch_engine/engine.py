@@ -9,25 +9,23 @@ from the same row blocks (:func:`lazykern.row_blocks.vjp`).
 Example:
     >>> import torch
     >>> from lazykern.formulas import StationaryFormula
-    >>> from lazykern import torch_engine
     >>> x = torch.randn(30, 2, dtype=torch.float64, requires_grad=True)
     >>> v = torch.randn(30, 1, dtype=torch.float64)
-    >>> f = lambda x: torch_engine.rowwise(StationaryFormula("rbf"), x, x, {}, v)
+    >>> f = lambda x: ENGINE.matmul(StationaryFormula("rbf"), x, x, {}, v)
     >>> torch.autograd.gradgradcheck(f, (x,))
     True
 """
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 from torch import Tensor
 
-from . import row_blocks
-from .engine import Engine
-
-Formula = Callable[..., object]
+from .. import row_blocks
+from ..engine import Engine, Plan
+from ..formulas import Formula
 
 __all__ = ["ENGINE", "TorchEngine", "rowwise"]
 
@@ -99,17 +97,20 @@ def rowwise(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tenso
 
 class TorchEngine(Engine):
     """The chunked torch engine (:func:`rowwise`): any formula, on any device, differentiable to any
-    order; no fused symmetric gradient (autograd differentiates its row blocks)."""
+    order (its plan is ``True``: nothing to prepare); no fused symmetric gradient (autograd
+    differentiates its row blocks)."""
 
     name = "torch"
 
     def supports(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> bool:
         return True
 
-    def matmul(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor) -> Tensor:
+    def matmul(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor], rhs: Tensor,
+               plan: Plan | None = None) -> Tensor:
         return rowwise(formula, x1, x2, params, rhs)
 
-    def dense(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor]) -> Tensor:
+    def dense(self, formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str, Tensor],
+              plan: Plan | None = None) -> Tensor:
         return rowwise(formula, x1, x2, params, None)
 
 
