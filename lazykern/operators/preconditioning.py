@@ -35,7 +35,7 @@ from .. import settings as lazykern_settings
 from ..backend import PRECONDITIONER_MAX_RANK as MAX_RANK
 from ..engine import Preconditioner
 
-__all__ = ["GridPreconditionerOperator", "attach_grid_preconditioner", "grid_preconditioner"]
+__all__ = ["GridPreconditionerOperator", "attach_grid_preconditioner", "expire_reused", "grid_preconditioner"]
 
 def _path_rank(n: int, dims: int) -> int:
     r"""The most directions the grid keeps on linear_operator's path: with :math:`r^2 \le 16 N d` an
@@ -114,6 +114,17 @@ def _reused_or_built(operator: AddedDiagLinearOperator) -> tuple[LinearOperator,
     if uses > 1:
         _REUSED[key] = [uses - 1, built]
     return built
+
+
+def expire_reused() -> None:
+    """Build the next grid anew, within :class:`lazykern.settings.preconditioner_reuse` too: for a
+    solver that found the kept one no longer fits (conjugate gradients needing many iterations
+    after the hyperparameters moved).
+
+    Example:
+        >>> expire_reused()
+    """
+    _REUSED.clear()
 
 
 def grid_preconditioner(operator: AddedDiagLinearOperator) -> tuple[Callable | None, LinearOperator | None, Tensor | None]:

@@ -31,10 +31,16 @@ from linear_operator.operators import LinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from ..operators import GridPreconditionerOperator
+from ..operators import GridPreconditionerOperator, expire_reused
 from ..solvers import cg, lanczos_logdet
 
-__all__ = ["ExactMLL"]
+__all__ = ["ExactMLL", "REBUILD_AFTER_ITERATIONS"]
+
+#: On the conjugate-gradient path with a grid kept from an earlier step
+#: (:class:`lazykern.settings.preconditioner_reuse`), a solve that needs more iterations than this
+#: has the next step build the grid anew: a fresh grid solves in two to four, and building it costs
+#: about as many products as this many iterations do.
+REBUILD_AFTER_ITERATIONS = 8
 
 
 def _inv_quad_logdet(covariance: Tensor, residual: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -97,6 +103,8 @@ def _preconditioned_inv_quad_logdet(covariance: LinearOperator, residual: Tensor
         rhs = torch.cat([residual.detach()[:, None], preconditioner.zero_mean_mvn_samples(probes).mT], dim=1)
         solved, result = cg(operator, rhs, precond=closure, tol=linear_operator.settings.cg_tolerance.value(),
                             max_iter=linear_operator.settings.max_cg_iterations.value())
+        if result.iterations > REBUILD_AFTER_ITERATIONS:  # the kept grid no longer fits: the next step builds one
+            expire_reused()
         alpha, solved_probes = solved[:, :1], solved[:, 1:]
         weighted = closure(rhs[:, 1:])
         logdet_value = logdet_p + lanczos_logdet(result, slice(1, None))
