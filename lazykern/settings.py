@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from .validation import check_non_negative_int, check_positive_int
 
-__all__ = ["engine", "keops_min_size", "chunk_bytes", "max_dense_bytes", "structured_tolerance"]
+__all__ = ["engine", "keops_min_size", "chunk_bytes", "max_dense_bytes", "structured_tolerance", "preconditioner_reuse"]
 
 
 class _Setting:
