@@ -6,9 +6,9 @@ contract of :class:`lazykern.engine.Engine` (``lazykern.<package>.engine.ENGINE`
 
 * **cpu** (:mod:`lazykern.cpu`): lazykern's compiler with its C target: the formula is traced,
   differentiated and compiled to C that vectorizes across pairs; memory is O((N + M) * D). The
-  default for CPU tensors whenever it can evaluate the formula: it runs the lazy pass at the speed
-  of hand-written C (benchmarks/roofline.py), where KeOps' CPU code reaches 0.4-0.65 of it, and
-  compiles in about a second instead of KeOps' 5-40 s.
+  default for CPU tensors whenever it can evaluate the formula: its lazy pass runs at the speed of
+  hand-written C, well ahead of KeOps' CPU code, and it compiles in about a second where KeOps
+  takes tens of seconds (measured: docs/performance.rst, "Benchmark suite" and "Compile flags").
 * **keops** (:mod:`lazykern.keops.engine`): the inputs are wrapped as ``LazyTensor`` and the
   reduction is compiled once per formula; memory is O((N + M) * D), nothing pairwise is ever
   stored. The engine on GPUs where it passes its health check.
@@ -374,14 +374,11 @@ def pairwise_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str
     the normal floating-point range are written as zeros (they would slow LAPACK down tenfold).
     ``choice``: as for :func:`pairwise_matmul`.
 
-    On the compiled engines the whole matrix is one compiled pass (measured on the CPU: as fast as
-    one lazy pass). KeOps and the structured engine have no dense output: under ``"auto"`` their
-    formulas are built by the CPU engine where it takes them, else by the torch engine's row
-    blocks. The structured engine takes the first-order additive and projected kernels on CPU
-    tensors, whose exact (Cholesky) path forms the matrix and differentiates it: one marginal
-    likelihood step of a projected Matérn-5/2 kernel with 64 projections at 1,000 points took
-    0.19 s compiled against 1.5 s in row blocks (float32; 0.42 s against 2.8 s in float64; Intel
-    Xeon, one thread)."""
+    On the compiled engines the whole matrix is one compiled pass, as fast as one lazy pass. KeOps
+    and the structured engine have no dense output: under ``"auto"`` their formulas are built by
+    the CPU engine where it takes them, else by the torch engine's row blocks, so that the exact
+    (Cholesky) path of the first-order additive and projected kernels on CPU tensors forms and
+    differentiates its matrix in compiled passes (measured: docs/cpu_engine.rst, "Passes")."""
     params = _in_name_order(params)
     engine, plan = choice or choose_engine(formula, x1, x2, params)
     dense = engine.dense(formula, x1, x2, params, plan)

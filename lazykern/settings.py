@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from .validation import check_non_negative_int, check_positive_int
 
-__all__ = ["engine", "keops_min_size", "chunk_bytes", "max_dense_bytes", "structured_tolerance"]
+__all__ = ["engine", "keops_min_size", "chunk_bytes", "max_dense_bytes", "structured_tolerance", "preconditioner_reuse"]
 
 
 class _Setting:
@@ -175,9 +175,14 @@ class keops_min_size(_Setting):
 class chunk_bytes(_Setting):
     """Upper bound, in bytes, on the pairwise intermediate (rows x columns x dimensions) that the
     torch engine holds at once (default 4 MiB). This is what keeps the torch engine from ever
-    holding N x M x d. Small blocks also keep peak memory low under autograd: measured on a
-    2000 x 2000 x 26 additive kernel, forward+backward peaked at +108 MB with 2 MiB blocks and
-    +375 MB with 16 MiB blocks, while the per-block Python overhead stays negligible."""
+    holding N x M x d. Small blocks also keep peak memory low under autograd, while the per-block
+    Python overhead stays negligible (measured: docs/performance.rst, "Chunk size").
+
+    Example:
+        >>> with chunk_bytes(2**20):
+        ...     chunk_bytes.value()
+        1048576
+    """
 
     _default = 4 * 2**20
 

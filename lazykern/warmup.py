@@ -126,8 +126,8 @@ def precompile(
     pass (what GPyTorch's Cholesky path asks for), and the product of a stored dense matrix with a
     few columns (CG on the dense cache, ``lazykern.backend.dense_matmul``).
     Formulas depend on ``dtype``, the input dimension and the batch shape, never on the number of
-    points, so this runs on a few random points and takes only compile time (KeOps: 5-40 s per
-    formula the first time; the CPU engine: about a second; well under a second once cached). Safe to call from
+    points, so this runs on a few random points and takes only compile time, once per formula
+    (what a compile costs on each engine: docs/performance.rst, "Compile flags"). Safe to call from
     several processes at once (compiles are serialized by a file lock). The kernel's parameters
     and their ``.grad`` are left unchanged.
 

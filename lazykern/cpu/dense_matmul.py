@@ -2,11 +2,9 @@ r"""Products of a stored dense kernel matrix with a few right-hand sides: :math:
 ``C`` columns.
 
 CG and Lanczos multiply the cached dense :math:`K` by a handful of columns (the targets and the
-probe vectors) each iteration. BLAS ``gemm`` is tuned for wide right-hand sides; with 2 to 16
-columns torch's MKL ``gemm`` ran 3.0x (float32) and 2.6x (float64) slower than this loop nest at
-:math:`N = 5000`, 11 columns, and 2.1-4.2x at 2 to 5 columns (AMD EPYC, 2 cores, one quiet run:
-``benchmarks/results/dense-matmul.md``; at 16 float32 columns the two were level). The
-loop reads 4 rows of :math:`K` against 4 columns of :math:`V` at a time (16 accumulators in
+probe vectors) each iteration. BLAS ``gemm`` is tuned for wide right-hand sides and was several
+times slower than this loop nest at a few columns (measured: ``benchmarks/results/dense-matmul.md``).
+The loop reads 4 rows of :math:`K` against 4 columns of :math:`V` at a time (16 accumulators in
 registers, vectorized along the rows of :math:`K`), so :math:`K` streams from memory about once
 per 4 columns. A single column stays with BLAS ``gemv``, which is already memory-bound.
 """

@@ -3,7 +3,8 @@ r"""KeOps' NVRTC engine on NVRTC 13 and later, built with ``--no-cache``.
 keopscore 2.3 compiles GPU reductions with NVRTC, through an engine library it builds itself
 (``keopscore/binders/nvrtc/nvrtc_jit.cpp``). NVRTC 13 has a compile cache backed by the driver:
 inside ``nvrtcCompileProgram`` it calls ``cuGetExportTable`` and dereferences NULL when the driver
-hands back no table (seen on an H200, driver 580: the Python process dies on the first formula).
+hands back no table, and the Python process dies on the first formula (where it was seen:
+docs/gpu.rst, "NVRTC 13 and the driver's compile cache").
 NVRTC 13's option ``--no-cache`` skips that cache; NVRTC 12 rejects the option. On NVRTC >= 13
 (:func:`needs_no_cache`), lazykern compiles a copy of ``nvrtc_jit.cpp`` with ``--no-cache`` in
 every option list (:func:`patched_jit_source`) into its cache and makes keopscore load it, through

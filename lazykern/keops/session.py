@@ -26,8 +26,8 @@ other installed version, importing this module warns once and lazykern's reducti
 exactly as KeOps' own would (its flags, its cache folder).
 
 **Flags.** :data:`FAST_FLAGS` (used by default on x86-64 Linux) make the exponentials, logs and
-sines of a formula vectorize with glibc's SIMD math library, which on a 2-core Xeon makes an
-additive RBF reduction about 3x faster (d=26, N=5000, float32 and float64):
+sines of a formula vectorize with glibc's SIMD math library, several times faster than KeOps'
+default flags on an additive RBF reduction (measured: docs/performance.rst, "Compile flags"):
 
 * ``-include math.h`` declares the ``float`` overloads of ``exp``, ``log``, ... in the global
   namespace, where KeOps' generated code calls them: without it ``exp(float)`` is evaluated by the

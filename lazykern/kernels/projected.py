@@ -25,9 +25,9 @@ __all__ = ["ProjectedAdditiveKernel", "diverse_directions", "random_directions"]
 
 #: The constructions ``projections`` may name.
 CONSTRUCTIONS = ("rpa", "dpa")
-#: Steps and learning rate of the optimiser that spreads the DPA directions (float64, a few seconds
-#: for 500 directions in 26 dimensions); enough to bring the cos^4 energy of 500 random directions in
-#: 26 dimensions from twice its lower bound to within 10 % of it.
+#: Steps and learning rate of the optimiser that spreads the DPA directions (float64): enough to bring
+#: the cos^4 energy of 500 random directions in 26 dimensions from twice its lower bound to within
+#: 10 % of it (its cost: docs/projected.rst, "Directions").
 DPA_STEPS = 500
 DPA_LEARNING_RATE = 0.02
 #: Most DPA direction sets kept in the process (each d x J float64: 104 kB at d = 26, J = 500), the
@@ -249,10 +249,10 @@ def diverse_directions(num_dims: int, num_projections: int, seed: int) -> Tensor
     minimise :math:`\sum_{i \ne j} (w_i^\top w_j)^4` (``DPA_STEPS`` Adam steps from the random ones
     on the energy of the normalised columns, then normalised), a float64 ``(num_dims, num_projections)`` tensor.
 
-    The optimisation runs once per ``(num_dims, num_projections, seed)`` in a process (2-5 s for
-    500 directions in 26 dimensions on one core); later calls return a copy of its result (the
-    last ``DPA_CACHED`` sets are kept), so that building many kernels (cross-validation folds,
-    restarts, a batch of models) costs one optimisation.
+    The optimisation runs once per ``(num_dims, num_projections, seed)`` in a process (seconds for
+    hundreds of directions: docs/projected.rst, "Directions"); later calls return a copy of its
+    result (the last ``DPA_CACHED`` sets are kept), so that building many kernels (cross-validation
+    folds, restarts, a batch of models) costs one optimisation.
 
     Example:
         >>> def energy(W):   # the sum over i != j (the diagonal terms are 1)

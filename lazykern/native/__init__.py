@@ -49,9 +49,9 @@ __all__ = [
     "compiler", "engine_flags", "extra_flags", "load_file", "load_source", "loaded_programs", "compile_log",
 ]
 
-#: Flags of every reduction, before :func:`extra_flags`. ``-O2``: the loops that
-#: matter are ``omp simd`` loops, vectorized at ``-O2`` too; ``-O3`` measured no faster (additive RBF,
-#: d = 26, products and fused gradients) and took twice as long to compile. ``-ffp-contract=off``:
+#: Flags of every reduction, before :func:`extra_flags`. ``-O2``: the loops that matter are
+#: ``omp simd`` loops, vectorized at ``-O2`` too, and ``-O3`` only compiled slower (measured:
+#: docs/cpu_engine.rst, "How it works"). ``-ffp-contract=off``:
 #: GCC's GNU C default fuses ``a * b - c`` into one FMA, which rounds differently from the torch
 #: engine and KeOps; where a formula cancels (OAK's terms at a collapsed lengthscale, products of
 #: 1e9 minus 1e9), the fused result differed by 128 and overflowed an ``expm1`` that the other

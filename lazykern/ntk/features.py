@@ -39,8 +39,8 @@ BATCH_SAMPLES = 32
 
 #: The largest single tensor that raising a batch to ``BATCH_SAMPLES`` may create. glibc's malloc
 #: maps a block above 32 MiB (its largest mmap threshold) fresh from the OS at every allocation,
-#: and every first write to a page faults: for ``Conv(1->64) -> GAP`` at N = 64 (one 55 MiB stack
-#: of cotangents per batch of 32) the block took 0.12 s with 32 samples a batch, 0.073 s with 20.
+#: and every first write to a page faults, so a batch of fewer samples whose stack stays below the
+#: threshold is faster (measured: docs/ntk.rst, "Benchmark").
 FLOOR_TENSOR_BYTES = 32 * 2**20
 
 
@@ -50,18 +50,21 @@ def batch_bytes() -> int:
     Sixteen :class:`lazykern.settings.chunk_bytes` (64 MiB by default): each batch costs a
     forward and a backward pass with per-call overheads of milliseconds, so batches must hold
     many samples, yet stay far below the features and kernel blocks they feed. Networks whose
-    samples are large get up to four times that to reach ``BATCH_SAMPLES`` samples: at 7
-    samples a batch (a 2-layer Transformer on 32 tokens), the per-batch passes made the N = 128
-    block 1.8x slower than with 32 to 64; 64 made a small CNN's (37 samples in the budget) slower,
-    so 32 (``benchmarks/ntk.py``'s networks, measured). That raise stops where one captured
-    output's stacked cotangents would exceed ``FLOOR_TENSOR_BYTES``.
+    samples are large get up to four times that to reach ``BATCH_SAMPLES`` samples: a handful of
+    samples a batch made the per-batch passes dominate, and more than 32 made a small CNN slower
+    (measured on ``benchmarks/ntk.py``'s networks: docs/ntk.rst, "Benchmark"). That raise stops
+    where one captured output's stacked cotangents would exceed ``FLOOR_TENSOR_BYTES``.
 
     A sample set whose whole extraction fits within those same two ceilings runs as one batch:
-    with few samples the per-operation costs dominate (each of the ~250 small operations of a
-    batch of a small CNN wakes the second thread), so the small CNN at N = 128 took 0.079 s in one
-    batch against 0.107 s in batches of 51 (2 threads; ``torch.func`` 0.105 s). Larger sets keep
-    the budget's batches, which bound their memory (at N = 1,024 one batch of 128 raised the peak
-    from 312 to 406 MB).
+    with few samples the per-operation costs dominate (each small operation of a batch may wake
+    another thread), so one batch is faster there. Larger sets keep the budget's batches, which
+    bound their memory.
+
+    Example:
+        >>> import lazykern
+        >>> with lazykern.settings.chunk_bytes(2**20):
+        ...     batch_bytes()
+        16777216
     """
     return 16 * settings.chunk_bytes.value()
 
@@ -394,7 +397,7 @@ class _BackwardTiming:
 #: batches): the first warms up what either loads on first use, then each way twice, alternately.
 #: Whole streams are timed: the plain passes' stacking buffers are allocated by a stream's first
 #: batch and reused by the rest, so single batches misjudged them, and one timing each picked the
-#: slower way for the benchmark's ``conv_gap`` in two runs of three (its block 0.20 s, not 0.13 s).
+#: slower way for the benchmark's ``conv_gap`` in two runs of three (docs/ntk.rst, "Benchmark").
 _TIMED_WAYS = ("loop", "batched", "loop", "batched", "loop")
 #: The two backward ways: ``k`` plain reverse passes, or one vectorised over the outputs.
 BACKWARD_WAYS = ("loop", "batched")
@@ -419,8 +422,8 @@ def _cotangents(
     r""":math:`\partial f_o / \partial z` for every output ``o`` and captured ``z``, ``(k, *z.shape)`` each.
 
     Either one backward pass vectorised over the one-hot output cotangents (``is_grads_batched``:
-    few large operations, but operations without a batching rule fall back to slow loops, 8x
-    slower than plain passes for a global average pool in measurements) or ``k`` plain backward
+    few large operations, but operations without a batching rule fall back to slow loops, much
+    slower than plain passes for a global average pool) or ``k`` plain backward
     passes. The first sample streams a network meets (in any operator on it) take the ways in turn
     (:data:`_TIMED_WAYS`) and :func:`stream` times them; later streams take the faster. With a
     graph (``differentiable``) always the plain passes: the batched double backward lacks batching
@@ -429,7 +432,7 @@ def _cotangents(
     The plain passes' gradients are stacked into ``buffers`` (one per captured tensor, reused by
     every batch of a stream) when given: a fresh stack of a conv layer's cotangents is often above
     the C allocator's mmap threshold (32 MiB), so each batch paid a page fault per 4 KiB written,
-    about nine times the copy itself in measurements.
+    several times the copy itself (measured: docs/ntk.rst, "Benchmark").
     """
     k, n = out.shape[1], out.shape[0]
     eye = torch.eye(k, dtype=out.dtype, device=out.device)

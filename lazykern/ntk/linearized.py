@@ -8,8 +8,8 @@ Both run in sample batches, so a product costs :math:`O((N_1 + N_2) P)` time per
 Each right-hand side holds parameter-sized buffers (the pulled-back tangent, a batch's gradient and
 their sum: :math:`3P` numbers), so the right-hand sides go through in groups whose buffers fit
 :func:`~lazykern.ntk.features.batch_bytes`: memory stays bounded however many columns a solver
-passes (an embedding's table is parameter-sized: at vocabulary 50,000 and width 32, eight
-columns at once held 400 MB). With ``differentiable=True`` both keep
+passes (an embedding's table is parameter-sized, so a large vocabulary's buffers for a few columns
+take hundreds of MB: docs/ntk.rst, "Benchmark"). With ``differentiable=True`` both keep
 their graphs, so the product differentiates with respect to the inputs and the network's tensors.
 
 For the trace kernel :math:`\sum_o \Theta_{oo}` each output needs its own product, so the cost is

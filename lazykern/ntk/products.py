@@ -117,7 +117,7 @@ def _groups(terms: list[Term]) -> dict[object, list[int]]:
 SYMMETRIC_BLOCKS = 8
 #: ... but no fewer result rows per block than this: a product of 16 rows against a long feature
 #: axis ran at half the BLAS rate of 64 rows, which cost more than the skipped pairs saved
-#: (trace mode, N = 128: 8 blocks took 1.4-2.7x the time of 2 in measurements).
+#: (measured: docs/ntk.rst, "Benchmark").
 MIN_BLOCK_ROWS = 64
 
 

@@ -316,7 +316,7 @@ def unfold(x: Tensor, module: nn.Module, ones: bool = False) -> Tensor:
     r"""Input patches of a convolution per group: ``(N, C, *S)`` -> ``(N, P, G, C / G * prod(kernel_size))``,
     the columns ordered as the flattened weight ``(C_out, C_in / G, *kernel_size)`` reads them; with
     ``ones``, each group's patches end in a column of ones (:math:`\tilde U`). One copy either way:
-    appending the ones to copied patches was a second copy of them (about 4 % of a small CNN's block)."""
+    appending the ones to copied patches was a second copy of them (its cost: docs/ntk.rst, "Benchmark")."""
     d = x.dim() - 2
     pad = module._reversed_padding_repeated_twice
     if any(pad):

@@ -314,87 +314,107 @@ def write_ntk(
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
         raise ValueError(f"block_size must be a positive int, got {block!r}")
-    rows_src = _Samples("x1", x1)
-    symmetric = x2 is None or x2 is x1
-    cols_src = rows_src if symmetric else _Samples("x2", x2)
-    n1, n2 = len(rows_src), len(cols_src)
-    device = next((t.device for t in feat.model_tensors(model).values()), torch.device("cpu"))
-    probe = rows_src.take(slice(0, min(n1, 64)), device)
-    other = None if symmetric else cols_src.take(slice(0, min(n2, 64)), device)
-    network, plan, tensors = build(model, probe, other, mode=mode, backend="dense", forms=forms,
-                                   sample_ndim=probe.dim() - 1)
-    k = plan.outputs if mode == "full" else 1
-    dest = _Destination(out, (n1 * k, n2 * k), plan.dtype)
-    record = dest.read_record()
-    if block is None:  # a resumed job keeps its tiles
-        block = record["block"] if record is not None else block_size(plan, n1, n2)
-    side = min(block, max(n1, n2))
-    # the forms the cost rule picks for one tile (the network's pieces are the plan's)
-    apply_forms(plan.pieces, forms, mode, min(n1, side), min(n2, side), plan.itemsize, shared=symmetric,
-                device=plan.device)
-    forms_used = {p.name: p.form for p in plan.pieces}
-    fingerprints = {
-        "model": _model_fingerprint(tensors),
-        "x1": rows_src.fingerprint(device, side),
-        "x2": "x1" if symmetric else cols_src.fingerprint(device, side),
-        "job": hashlib.sha256(json.dumps([mode, forms_used, block, str(plan.dtype), list(dest.shape)]).encode()).hexdigest(),
-    }
-    done = _resume(dest, fingerprints) if record is not None else set()
-    way = record.get("way") if record is not None else None
-    row_blocks, col_blocks = _blocks(n1, side), _blocks(n2, side)
-    tiles = _tiles(row_blocks, col_blocks, symmetric)
-    summary = NTKJobSummary(dest.shape, side, len(tiles), resumed=sum(t in done for t in tiles))
+    job = _Job(model, x1, x2, mode, out, forms, block)
+    job.run(progress)
+    if progress:
+        print(job.summary, file=sys.stderr)
+    return job.dest.result
 
-    def pairs(t: tuple[int, int]) -> int:
-        r, c = row_blocks[t[0]], col_blocks[t[1]]
+
+class _Job:
+    """One kernel written into one destination: its samples, plan and tiles, and the tiles done.
+
+    A resumed job keeps the tile size and backward way of its progress record, so that it writes
+    the same bits as an uninterrupted one."""
+
+    def __init__(self, model: nn.Module, x1: Any, x2: Any, mode: str, out: Any,
+                 forms: str | Mapping[str, str] | None, block: int | None) -> None:
+        self.mode = mode
+        self.rows_src = _Samples("x1", x1)
+        self.symmetric = x2 is None or x2 is x1
+        self.cols_src = self.rows_src if self.symmetric else _Samples("x2", x2)
+        n1, n2 = len(self.rows_src), len(self.cols_src)
+        self.device = next((t.device for t in feat.model_tensors(model).values()), torch.device("cpu"))
+        probe = self.rows_src.take(slice(0, min(n1, 64)), self.device)
+        other = None if self.symmetric else self.cols_src.take(slice(0, min(n2, 64)), self.device)
+        self.network, plan, self.tensors = build(model, probe, other, mode=mode, backend="dense", forms=forms,
+                                                 sample_ndim=probe.dim() - 1)
+        self.k = plan.outputs if mode == "full" else 1
+        self.itemsize = plan.itemsize
+        self.dest = _Destination(out, (n1 * self.k, n2 * self.k), plan.dtype)
+        record = self.dest.read_record()
+        if block is None:  # a resumed job keeps its tiles
+            block = record["block"] if record is not None else block_size(plan, n1, n2)
+        self.block = block
+        side = min(block, max(n1, n2))
+        # the forms the cost rule picks for one tile (the network's pieces are the plan's)
+        apply_forms(plan.pieces, forms, mode, min(n1, side), min(n2, side), plan.itemsize, shared=self.symmetric,
+                    device=plan.device)
+        forms_used = {p.name: p.form for p in plan.pieces}
+        self.fingerprints = {
+            "model": _model_fingerprint(self.tensors),
+            "x1": self.rows_src.fingerprint(self.device, side),
+            "x2": "x1" if self.symmetric else self.cols_src.fingerprint(self.device, side),
+            "job": hashlib.sha256(json.dumps([mode, forms_used, block, str(plan.dtype),
+                                              list(self.dest.shape)]).encode()).hexdigest(),
+        }
+        self.done = _resume(self.dest, self.fingerprints) if record is not None else set()
+        self.way = record.get("way") if record is not None else None
+        self.row_blocks, self.col_blocks = _blocks(n1, side), _blocks(n2, side)
+        self.tiles = _tiles(self.row_blocks, self.col_blocks, self.symmetric)
+        self.summary = NTKJobSummary(self.dest.shape, side, len(self.tiles),
+                                     resumed=sum(t in self.done for t in self.tiles))
+
+    def pairs(self, tile: tuple[int, int]) -> int:
+        r, c = self.row_blocks[tile[0]], self.col_blocks[tile[1]]
         return (r.stop - r.start) * (c.stop - c.start)
 
-    def save() -> None:
-        dest.flush()
-        dest.write_record({"version": _RECORD_VERSION, "fingerprints": fingerprints, "block": block, "way": way,
-                           "shape": list(dest.shape), "done": sorted(done)})
+    def save(self) -> None:
+        """Flush the data, then record the tiles written (a record never names a tile not on disk)."""
+        self.dest.flush()
+        self.dest.write_record({"version": _RECORD_VERSION, "fingerprints": self.fingerprints, "block": self.block,
+                                "way": self.way, "shape": list(self.dest.shape), "done": sorted(self.done)})
 
-    def features(source: _Samples, rows: slice) -> list:
-        nonlocal way
-        x = source.take(rows, device)
-        summary.feature_samples += rows.stop - rows.start
-        if way is None and len(tiles) > 1:  # one tile is never written by two runs: nothing to pin
-            way = _faster_way(network, tensors, x[:WAY_PROBE_SAMPLES], device)
-        return feat.extract(network, tensors, x, way=way)
+    def features(self, source: _Samples, rows: slice) -> list:
+        x = source.take(rows, self.device)
+        self.summary.feature_samples += rows.stop - rows.start
+        if self.way is None and len(self.tiles) > 1:  # one tile is never written by two runs: nothing to pin
+            self.way = _faster_way(self.network, self.tensors, x[:WAY_PROBE_SAMPLES], self.device)
+        return feat.extract(self.network, self.tensors, x, way=self.way)
 
-    save()
-    bar = tqdm(total=sum(pairs(t) for t in tiles if t not in done), unit="pair", unit_scale=True,
-               disable=not progress, file=sys.stderr, desc="NTK tiles")
-    itemsize = torch.empty((), dtype=plan.dtype).element_size()
-    try:
-        with torch.no_grad():
-            for i, rows in enumerate(row_blocks):
-                todo = [j for (a, j) in tiles if a == i and (a, j) not in done]
-                if not todo:
-                    continue
-                f1 = features(rows_src, rows)
-                for j in todo:
-                    started = time.perf_counter()
-                    cols = col_blocks[j]
-                    same = symmetric and i == j
-                    f2 = f1 if same else features(cols_src, cols)
-                    tile = products.dense(f1, f2, mode)
-                    r = slice(rows.start * k, rows.stop * k)
-                    c = slice(cols.start * k, cols.stop * k)
-                    dest.write(r, c, tile)
-                    summary.bytes_written += tile.numel() * itemsize
-                    if symmetric and not same:
-                        dest.write(c, r, tile.T)
-                        summary.bytes_written += tile.numel() * itemsize
-                    del f2, tile
-                    done.add((i, j))
-                    save()
-                    summary.tile_seconds.append(time.perf_counter() - started)
-                    bar.update(pairs((i, j)))
-                del f1
-    finally:
-        bar.close()
-        dest.flush()
-    if progress:
-        print(summary, file=sys.stderr)
-    return dest.result
+    def run(self, progress: bool) -> None:
+        """Form and write every tile not done yet, one row block's features at a time."""
+        self.save()
+        bar = tqdm(total=sum(self.pairs(t) for t in self.tiles if t not in self.done), unit="pair", unit_scale=True,
+                   disable=not progress, file=sys.stderr, desc="NTK tiles")
+        try:
+            with torch.no_grad():
+                for i, rows in enumerate(self.row_blocks):
+                    todo = [j for (a, j) in self.tiles if a == i and (a, j) not in self.done]
+                    if todo:
+                        self.write_row(i, rows, todo, bar)
+        finally:
+            bar.close()
+            self.dest.flush()
+
+    def write_row(self, i: int, rows: slice, todo: list[int], bar: Any) -> None:
+        """The tiles ``(i, j)`` of row block ``i`` for ``j`` in ``todo``, each recorded once written."""
+        f1 = self.features(self.rows_src, rows)
+        for j in todo:
+            started = time.perf_counter()
+            cols = self.col_blocks[j]
+            same = self.symmetric and i == j
+            f2 = f1 if same else self.features(self.cols_src, cols)
+            tile = products.dense(f1, f2, self.mode)
+            r = slice(rows.start * self.k, rows.stop * self.k)
+            c = slice(cols.start * self.k, cols.stop * self.k)
+            self.dest.write(r, c, tile)
+            self.summary.bytes_written += tile.numel() * self.itemsize
+            if self.symmetric and not same:
+                self.dest.write(c, r, tile.T)
+                self.summary.bytes_written += tile.numel() * self.itemsize
+            del f2, tile
+            self.done.add((i, j))
+            self.save()
+            self.summary.tile_seconds.append(time.perf_counter() - started)
+            bar.update(self.pairs((i, j)))

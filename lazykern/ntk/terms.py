@@ -136,9 +136,9 @@ def write_terms(dest: list[Term] | None, rows: slice, src: list[Term], total: in
 
     Writing into one preallocation, rather than concatenating batch outputs, keeps the small
     outputs from interleaving with the large freed temporaries of each batch, which fragments the C
-    heap (peak RSS grew by gigabytes over a thousand samples in measurements). A single batch of all
-    ``total`` samples is kept as it is, copying only tensors that are views into larger storage
-    (which would keep it alive): the copy was a tenth of a small CNN's block at N = 128.
+    heap (the peak resident set grew with the number of samples). A single batch of all ``total``
+    samples is kept as it is, copying only tensors that are views into larger storage (which would
+    keep it alive): the copy was a noticeable part of a small block (docs/ntk.rst, "Benchmark").
     """
     if dest is None and rows.stop - rows.start == total:  # one batch: its own tensors are the features
         return map_terms(src, lambda v: v if _owns_storage(v) else v.clone(memory_format=torch.contiguous_format))

@@ -32,8 +32,8 @@ __all__ = ["ENGINE", "TorchEngine", "rowwise"]
 
 def _flush_subnormals_(values: Tensor) -> None:
     # Kernel entries below the normal range (exp of a large negative number) make CPU LAPACK about
-    # 10x slower on the dense matrix (measured: a 2000-point Cholesky, 5 s instead of 0.5 s). Writing
-    # them as zeros changes each entry by less than finfo.tiny, and changes no process-wide float mode.
+    # 10x slower on the dense matrix (measured: docs/cpu_engine.rst, "Passes"). Writing them as
+    # zeros changes each entry by less than finfo.tiny, and changes no process-wide float mode.
     values.masked_fill_(values.abs() < torch.finfo(values.dtype).tiny, 0.0)
 
 
@@ -42,8 +42,8 @@ class _RowBlocks(torch.autograd.Function):
     temporaries exceed the chunk is itself taken in blocks of columns.
 
     Writing into a preallocated result (rather than concatenating block outputs) matters: small
-    block outputs interleaved with large freed temporaries fragment the C heap, and peak RSS then grew
-    by ~2 MB per block (400 MB for a 2000 x 2000 matrix) in measurements.
+    block outputs interleaved with large freed temporaries fragment the C heap, and the peak resident
+    set then grows with the number of blocks (measured: docs/performance.rst, "Chunk size").
     """
 
     @staticmethod

@@ -274,8 +274,9 @@ class _Writer:
             "import triton.language as tl",
         ]
         # Sizes and batch strides are not specialized on: Triton would otherwise compile a variant
-        # per value class (equal to 1, divisible by 16) of each, 7-21 s apiece at d = 26 (a CG
-        # matvec with 11 columns and a prediction with 1 would be two compiles of the same pass).
+        # per value class (equal to 1, divisible by 16) of each, every one a slow compile
+        # (docs/triton.rst, "The kernels"): a CG matvec with 11 columns and a prediction with 1
+        # would be two compiles of the same pass.
         unspecialized = args[len(roles):] + ["N", "M", "C"]
         lines = head + [
             f"@triton.jit(do_not_specialize={unspecialized!r})",

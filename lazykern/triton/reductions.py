@@ -28,15 +28,14 @@ from . import build
 
 __all__ = ["TARGET", "available"]
 
-#: Rows and points of one tile. Measured where it is chosen: compiling for sm_90 (H200) on a 2-core
-#: CPU, the d = 26 additive RBF's passes took 7-21 s at 32 x 32 and 29-138 s at 64 x 64 (ptxas unrolls
-#: every op over a thread's share of the tile; float64's exp is a library routine inlined each time),
-#: so Triton's autotuner, which compiles every candidate, is not used. Not yet timed on a GPU. Under
-#: the interpreter one tile covers the tests' sizes (its cost is per operation and program).
-#: ``tl.dot`` needs 16 at least on each axis.
+#: Rows and points of one tile, fixed because compiles grow steeply with the tile (ptxas unrolls every
+#: op over a thread's share of it; measured: docs/triton.rst, "The kernels"), so Triton's autotuner,
+#: which compiles every candidate, is not used. Not yet timed on a GPU. Under the interpreter one
+#: tile covers the tests' sizes (its cost is per operation and program). ``tl.dot`` needs 16 at
+#: least on each axis.
 BLOCK = 32
-#: Warps per program: 8 (4 entries of a tile per thread) compiled the d = 26 backward pass over rows
-#: of x2 in float64 in 7.4 s, 4 warps (8 entries per thread) in 13.1 s (sm_90, same machine).
+#: Warps per program: 8 (4 entries of a tile per thread) compiles faster than 4 (measured:
+#: docs/triton.rst, "The kernels").
 NUM_WARPS = 8
 
 
