@@ -35,14 +35,27 @@ from .. import settings as lazykern_settings
 from ..backend import PRECONDITIONER_MAX_RANK as MAX_RANK
 from ..engine import Preconditioner
 
-__all__ = ["GridPreconditionerOperator", "attach_grid_preconditioner", "expire_reused", "grid_preconditioner"]
+__all__ = ["PATH_MAX_TERMS", "GridPreconditionerOperator", "attach_grid_preconditioner", "expire_reused", "grid_preconditioner"]
+
+#: On linear_operator's path the grid is given to sums of at most this many terms: its build costs
+#: about 8 J products of one column (J^2 / 2 blocks of 16 entries a point, against a product's few
+#: dozen operations per point and term), and a step that builds it saves at most the products of
+#: unpreconditioned CG, a few hundred iterations of a dozen columns (docs/structured.rst).
+PATH_MAX_TERMS = 256
+
 
 def _path_rank(n: int, dims: int) -> int:
     r"""The most directions the grid keeps on linear_operator's path: with :math:`r^2 \le 16 N d` an
     application (two triangular solves with :math:`C`, :math:`2 r^2` a column) costs about one kernel
-    product of the structured engine (a few dozen operations per point and term); 256 at least, a
-    factor that costs little whatever N."""
-    return min(MAX_RANK, max(256, 4 * math.isqrt(n * dims)))
+    product of the structured engine (a few dozen operations per point and term); at most
+    :math:`N`, so that :math:`C` is never larger than the system it preconditions; 256 at least, a
+    factor that costs little whatever N.
+
+    Example:
+        >>> _path_rank(36_000, 64), _path_rank(2_000, 200)
+        (4096, 2000)
+    """
+    return min(MAX_RANK, max(256, min(n, 4 * math.isqrt(n * dims))))
 
 
 class GridPreconditionerOperator(LinearOperator):
@@ -162,8 +175,9 @@ def grid_preconditioner(operator: AddedDiagLinearOperator) -> tuple[Callable | N
 
 def attach_grid_preconditioner(added: LinearOperator) -> LinearOperator:
     """``added`` with :func:`grid_preconditioner` as its preconditioner when it is
-    :math:`K + D` for a lazykern ``K(X, X)`` of a kernel the structured engine takes, without batch
-    dimensions and with a positive noise diagonal; otherwise ``added`` unchanged.
+    :math:`K + D` for a lazykern ``K(X, X)`` of a kernel the structured engine takes, of at most
+    :data:`PATH_MAX_TERMS` terms, without batch dimensions and with a positive noise diagonal;
+    otherwise ``added`` unchanged.
 
     Example:
         >>> import torch, lazykern
@@ -179,7 +193,8 @@ def attach_grid_preconditioner(added: LinearOperator) -> LinearOperator:
     kernel = added._linear_op
     if not (hasattr(kernel, "covar_func") and kernel.dim() == 2 and kernel._same_points()):
         return added
-    if backend.preconditioner(kernel.covar_func, kernel.x1, kernel.tensor_params) is None:
+    if kernel.x1.shape[-1] > PATH_MAX_TERMS or backend.preconditioner(kernel.covar_func, kernel.x1,
+                                                                       kernel.tensor_params) is None:
         return added
     if any(p.shape[:-2].numel() != 1 for p in kernel.tensor_params.values()):
         return added

@@ -256,17 +256,23 @@ def _cg(
 
     if not checked:
         true_residual()
+    return best_X, _result(iterations, matvecs, best_norm, b_norm, threshold, breakdown, steps, betas, initial_rz)
+
+
+def _result(iterations: int, matvecs: int, best_norm: Tensor, b_norm: Tensor, threshold: Tensor, breakdown: Tensor,
+            steps: list[Tensor], betas: list[Tensor], initial_rz: Tensor) -> CGResult:
     # The verdict is on the true residual only: a column never counts as converged on the recurrence.
     converged = best_norm <= threshold
-    return best_X, CGResult(
+    empty = b_norm.new_zeros(0, b_norm.shape[0])
+    return CGResult(
         iterations=iterations,
         matvecs=matvecs,
         residual_norms=best_norm,
         relative_residuals=_relative(best_norm, b_norm),
         converged=converged,
         breakdown=breakdown & ~converged,
-        steps=torch.stack(steps) if steps else B.new_zeros(0, B.shape[1]),
-        betas=torch.stack(betas) if betas else B.new_zeros(0, B.shape[1]),
+        steps=torch.stack(steps) if steps else empty,
+        betas=torch.stack(betas) if betas else empty,
         initial_rz=initial_rz,
     )
 

@@ -66,12 +66,12 @@ MAX_GRID_POINTS = 512
 #: the smallest noise are left out of R_d.
 KEPT_FRACTION = 1e-3
 #: At most this many directions are kept over all dimensions (those of largest contribution), so that
-#: C's Cholesky factor costs at most MAX_RANK^3 / 3 flops (UCI pol, d = 26, kept 2,936 and was built in 1 s).
+#: C's Cholesky factor costs at most MAX_RANK^3 / 3 flops (build times: docs/structured.rst).
 MAX_RANK = 4096
 #: Offsets of the four grid points each point is interpolated from, relative to the one at or below it.
 _OFFSETS = (-1, 0, 1, 2)
 #: The most bytes of rows of :math:`W^\top D^{-1} W` held at once while C is assembled.
-_ROWS_BYTES = 256 * 2**20
+_ROWS_BYTES = 64 * 2**20
 _GRID_SOURCE = str(Path(__file__).with_name("grid.c"))
 _GRID_ARGTYPES = [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 6
 
