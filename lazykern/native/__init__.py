@@ -152,7 +152,7 @@ def load_source(source: str, symbol: str, argtypes: list) -> "ctypes._CFuncPtr":
         >>> twice(x); x[0]
         42.0
     """
-    return _programs.get(source, lambda: _load_or_compile(source, (INCLUDE_FOLDER,), symbol, argtypes))
+    return _programs.get((source, symbol), lambda: _load_or_compile(source, (INCLUDE_FOLDER,), symbol, argtypes))
 
 
 def load_file(path: str, symbol: str, argtypes: list, defines: dict[str, str] | None = None) -> "ctypes._CFuncPtr":
@@ -178,7 +178,7 @@ def load_file(path: str, symbol: str, argtypes: list, defines: dict[str, str] | 
             text = "".join(f"#define {name} {value}\n" for name, value in defines) + f.read()
         return _load_or_compile(text, (INCLUDE_FOLDER, os.path.dirname(os.path.abspath(path))), symbol, argtypes)
 
-    return _programs.get((path, defines), build)
+    return _programs.get((path, defines, symbol), build)
 
 
 def command(source_file: str, lib: str, flags: str, include: tuple[str, ...]) -> list[str]:

@@ -36,3 +36,25 @@ void lk_grid_rows(int64_t n, int64_t terms, int64_t j0, int64_t j1, int64_t widt
         }
     }
 }
+
+/* The transpose of W as CSR (grid points by rows), by counting: crow (width + 1) holds each grid
+   point's first entry, rows[k] the point and values[k] the weight of entry k, points ascending within
+   a grid point. Entries of point i on term e: columns offsets[e] + below[i, e] - 1 + q, q = 0..3. */
+void lk_grid_transpose(int64_t n, int64_t terms, int64_t width, const int64_t *offsets, const int64_t *below,
+                       const double *weight, int64_t *crow, int32_t *rows, double *values) {
+    for (int64_t c = 0; c <= width; ++c) crow[c] = 0;
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t e = 0; e < terms; ++e)
+            for (int q = 0; q < 4; ++q) crow[offsets[e] + below[i * terms + e] - 1 + q + 1] += 1;
+    for (int64_t c = 0; c < width; ++c) crow[c + 1] += crow[c];
+    int64_t *next = crow; /* crow[c] advances past each entry placed, then is restored below */
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t e = 0; e < terms; ++e)
+            for (int q = 0; q < 4; ++q) {
+                int64_t c = offsets[e] + below[i * terms + e] - 1 + q, k = next[c]++;
+                rows[k] = (int32_t)i;
+                values[k] = weight[(i * terms + e) * 4 + q];
+            }
+    for (int64_t c = width; c > 0; --c) crow[c] = crow[c - 1];
+    crow[0] = 0;
+}

@@ -74,6 +74,7 @@ _OFFSETS = (-1, 0, 1, 2)
 _ROWS_BYTES = 64 * 2**20
 _GRID_SOURCE = str(Path(__file__).with_name("grid.c"))
 _GRID_ARGTYPES = [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 6
+_TRANSPOSE_ARGTYPES = [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 6
 
 
 def cubic_weights(u: Tensor) -> Tensor:
@@ -121,32 +122,36 @@ def _csr(crow: Tensor, columns: Tensor, values: Tensor, shape: tuple[int, int], 
         return torch.sparse_csr_tensor(crow.to(kind), columns.to(kind), values, shape, check_invariants=False)
 
 
-class _Axis(NamedTuple):
-    """One term's grid: ``size`` points from ``lo - step`` to ``lo + (size - 2) step`` (the
-    interpolation's padding included), positions in grid units being ``(t - lo) / step + 1``."""
+class _Axes(NamedTuple):
+    """Every term's grid: term ``d`` has ``sizes[d]`` points from ``lo[d] - step[d]`` to
+    ``lo[d] + (sizes[d] - 2) step[d]`` (the interpolation's padding included); a value ``t`` sits at
+    ``(t - lo) / step + 1`` in grid units."""
 
-    lo: float
-    step: float
-    size: int
+    lo: Tensor
+    step: Tensor
+    sizes: Tensor
 
     @classmethod
-    def spanning(cls, t: Tensor) -> "_Axis":
-        """The grid of a column ``t``: ``m`` points from its smallest to its largest value,
-        :data:`GRID_SPACING` apart (between :data:`MIN_GRID_POINTS` and :data:`MAX_GRID_POINTS`),
-        one more below and two more above."""
-        lo, hi = float(t.min()), float(t.max())
-        m = min(MAX_GRID_POINTS, max(MIN_GRID_POINTS, math.ceil((hi - lo) / GRID_SPACING) + 1))
-        return cls(lo, (hi - lo) / (m - 1) if hi > lo else 1.0, m + 3)
+    def spanning(cls, span: Tensor) -> "_Axes":
+        """The grids of the columns of ``span`` ``(N, D)``: ``m`` points from each column's smallest
+        to its largest value, :data:`GRID_SPACING` apart (between :data:`MIN_GRID_POINTS` and
+        :data:`MAX_GRID_POINTS`), one more below and two more above."""
+        lo, hi = span.min(0).values, span.max(0).values
+        m = ((hi - lo) / GRID_SPACING).ceil().long().add(1).clamp(MIN_GRID_POINTS, MAX_GRID_POINTS)
+        step = torch.where(hi > lo, (hi - lo) / (m - 1), torch.ones_like(lo))
+        return cls(lo, step, m + 3)
 
-    def nodes(self) -> Tensor:
-        return self.lo + self.step * torch.arange(-1, self.size - 1, dtype=torch.float64)
+    def nodes(self, d: int) -> Tensor:
+        return self.lo[d] + self.step[d] * torch.arange(-1, int(self.sizes[d]) - 1, dtype=torch.float64)
 
-    def locate(self, t: Tensor) -> tuple[Tensor, Tensor]:
-        """The grid point at or below each value ``(N,)`` (its four are that one - 1 to + 2) and the
-        weights ``(N, 4)``; values beyond the grid take its end cells' weights."""
-        u = ((t - self.lo) / self.step + 1.0).clamp(1.0, self.size - 3.0)
-        below = torch.floor(u).clamp(1, self.size - 3).long()  # the last point sits at u = m: weights (0, 1, 0, 0)
-        return below, cubic_weights(u)
+    def locate(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The grid point at or below each value of ``x`` ``(N, D)`` on its term's grid (its four are
+        that one - 1 to + 2), ``(N, D)``, and the weights ``(N, D, 4)``; values beyond a grid take its
+        end cells' weights."""
+        last = (self.sizes - 3).to(x)
+        u = torch.minimum(((x - self.lo) / self.step + 1.0).clamp_min(1.0), last)
+        below = torch.minimum(torch.floor(u).clamp_min(1), last).long()  # the last point sits at u = m: (0, 1, 0, 0)
+        return below.contiguous(), cubic_weights(u).contiguous()
 
 
 class AdditiveGrid:
@@ -185,29 +190,37 @@ class AdditiveGrid:
         self.noise = noise
         self.inverse_noise = noise.reciprocal()
         span = x if extent is None else torch.cat([x, extent.detach().to(torch.float64)])
-        self.axes = [_Axis.spanning(span[:, d]) for d in range(dims)]
-        located = [axis.locate(x[:, d]) for d, axis in enumerate(self.axes)]
-        self.roots = self._roots_kept(kernel, scales, located, max_rank)
+        self.axes = _Axes.spanning(span)
+        self._offsets = torch.cat([torch.zeros(1, dtype=torch.int64), self.axes.sizes.cumsum(0)])
+        below, weight = self.axes.locate(x)
+        self.roots = self._roots_kept(kernel, scales, below, weight, max_rank)
         self.rank = sum(r.shape[1] for r in self.roots)
-        self._offsets = torch.tensor([0, *(a.size for a in self.axes)]).cumsum(0)
-        self._interpolate, self._gather = self._weights_matrices(located, n)
+        self._interpolate = self._weights_matrix(below, weight)
+        self._gather = self._transpose(below, weight)
         self._roots, self._roots_t = _block_diagonal(self.roots)
-        self.cholesky = torch.linalg.cholesky(self._inner(located))
+        self.cholesky = torch.linalg.cholesky(self._inner(below, weight))
         self.logdet = float(noise.log().sum() + 2 * self.cholesky.diagonal().log().sum())
 
-    def _roots_kept(self, kernel: StationaryFormula, scales: Tensor, located: list, max_rank: int) -> list[Tensor]:
+    def _roots_kept(self, kernel: StationaryFormula, scales: Tensor, below: Tensor, weight: Tensor,
+                    max_rank: int) -> list[Tensor]:
         r""":math:`R_d`: the eigenvectors of each grid's Gram matrix, scaled by the roots of their
         eigenvalues, whose largest possible contribution to P, :math:`s_d \lambda \lVert W_d \rVert^2`,
-        is at least :data:`KEPT_FRACTION` of the smallest noise, at most ``max_rank`` of them (the largest)."""
+        is at least :data:`KEPT_FRACTION` of the smallest noise, at most ``max_rank`` of them (the largest).
+
+        :math:`\lVert W_d \rVert^2 \le \max(D) \lVert W_d^\top D^{-1} W_d \rVert`, and by Gershgorin that
+        norm is at most the largest row sum :math:`\max_a \sum_i |w_{ia}| D_i^{-1} \lVert w_i \rVert_1`
+        (one scatter of every point's weights, all dimensions at once)."""
+        dims, widest = below.shape[1], int(self.axes.sizes.max())
+        cells = (below + torch.arange(dims) * widest)[..., None] + torch.tensor(_OFFSETS)    # (N, D, 4)
+        mass = weight.abs() * (weight.abs().sum(-1, keepdim=True) * self.inverse_noise[:, None, None])
+        sums = torch.zeros(dims * widest, dtype=torch.float64).index_add_(0, cells.reshape(-1), mass.reshape(-1))
+        norms = sums.view(dims, widest).max(1).values * float(self.noise.max())
         eigen, reach = [], []
-        noise_max = float(self.noise.max())
-        for d, ((below, weight), axis) in enumerate(zip(located, self.axes)):
-            nodes = axis.nodes()
+        for d in range(dims):
+            nodes = self.axes.nodes(d)
             gram = kernel(nodes[:, None, None], nodes[None, :, None]).squeeze(-1) * scales[d]
-            # ||W_d||^2 <= max(D) ||W_d^T D^{-1} W_d|| <= max(D) times its largest row sum (Gershgorin)
-            histogram = self._histogram(below, weight, axis.size, below, weight, axis.size)
             eigen.append(torch.linalg.eigh(gram))
-            reach.append(eigen[-1][0] * float(histogram.abs().sum(1).max()) * noise_max)
+            reach.append(eigen[-1][0] * norms[d])
         floor = KEPT_FRACTION * float(self.noise.min())
         largest = torch.cat(reach).sort(descending=True).values
         if largest.shape[0] > max_rank:  # C stays at most max_rank square: the largest directions kept
@@ -218,45 +231,53 @@ class AdditiveGrid:
             roots.append(vectors[:, keep] * values[keep].sqrt())
         return roots
 
-    def _weights_matrices(self, located: list, rows: int) -> tuple[Tensor, Tensor]:
-        """:math:`W = [W_1 \\dots W_D]`, ``(rows, sum of grid sizes)``, and its transpose as sparse CSR
-        matrices (4 D entries a row, columns ascending): an application is two sparse products and
-        small ones instead of a loop over dimensions."""
-        steps = torch.tensor(_OFFSETS)
-        columns = torch.cat([below[:, None] + steps + self._offsets[d] for d, (below, _) in enumerate(located)],
-                            dim=1).reshape(-1)
-        entries = torch.cat([weight for _, weight in located], dim=1).reshape(-1)
-        width, shape = 4 * len(located), (rows, int(self._offsets[-1]))
-        int32 = rows * width < 2**31
-        matrix = _csr(torch.arange(0, rows * width + 1, width), columns, entries, shape, int32)
-        # the transpose: entries by column (a stable sort keeps each column's rows ascending)
-        order = torch.argsort(columns, stable=True)
-        crow = torch.cat([torch.zeros(1, dtype=torch.int64), torch.bincount(columns, minlength=shape[1]).cumsum(0)])
-        return matrix, _csr(crow, order // width, entries[order], shape[::-1], int32)
+    def _weights_matrix(self, below: Tensor, weight: Tensor) -> Tensor:
+        """:math:`W = [W_1 \\dots W_D]`, ``(N, sum of grid sizes)``, as a sparse CSR matrix (4 D entries
+        a row, columns ascending): an application is two sparse products and small ones instead of
+        a loop over dimensions."""
+        rows, dims = below.shape
+        columns = ((below + self._offsets[:-1])[..., None] + torch.tensor(_OFFSETS)).reshape(-1)
+        width = 4 * dims
+        return _csr(torch.arange(0, rows * width + 1, width), columns, weight.reshape(-1),
+                    (rows, int(self._offsets[-1])), int32=rows * width < 2**31)
 
-    def _inner(self, located: list) -> Tensor:
+    def _transpose(self, below: Tensor, weight: Tensor) -> Tensor:
+        """:math:`W^\\top` as a sparse CSR matrix, by a counting pass in C (a sparse product with a
+        transposed CSR matrix is an order of magnitude slower than with this one)."""
+        rows, dims = below.shape
+        width, entries = int(self._offsets[-1]), 4 * rows * dims
+        if entries >= 2**31:
+            return self._interpolate.to_sparse_coo().t().to_sparse_csr()
+        crow = torch.empty(width + 1, dtype=torch.int64)
+        points = torch.empty(entries, dtype=torch.int32)
+        values = torch.empty(entries, dtype=torch.float64)
+        transpose = load_file(_GRID_SOURCE, "lk_grid_transpose", _TRANSPOSE_ARGTYPES)
+        transpose(rows, dims, width, self._offsets.data_ptr(), below.data_ptr(), weight.data_ptr(), crow.data_ptr(),
+                  points.data_ptr(), values.data_ptr())
+        return _csr(crow, points, values, (width, rows), int32=True)
+
+    def _inner(self, below: Tensor, weight: Tensor) -> Tensor:
         r""":math:`C = I_r + R^\top W^\top D^{-1} W R`, its blocks :math:`R_d^\top (W_d^\top D^{-1} W_e) R_e`
         from the rows of :math:`H = W^\top D^{-1} W` that ``grid.c`` sums (a few terms at a time,
         so that at most :data:`_ROWS_BYTES` of H are held)."""
-        dims, width = len(located), int(self._offsets[-1])
-        below = torch.stack([b for b, _ in located], dim=1).contiguous()      # (N, D): point-major for grid.c
-        weight = torch.stack([w for _, w in located], dim=1).contiguous()     # (N, D, 4)
+        dims, width = below.shape[1], int(self._offsets[-1])
+        sizes_of = self.axes.sizes.tolist()
         ranks = torch.tensor([0, *(r.shape[1] for r in self.roots)]).cumsum(0).tolist()
         upper = torch.zeros(self.rank, self.rank, dtype=torch.float64)        # block rows d, columns e >= d
         rows_fn = load_file(_GRID_SOURCE, "lk_grid_rows", _GRID_ARGTYPES)
         start = 0
         while start < dims:
-            stop, held = start + 1, self.axes[start].size * width
-            while stop < dims and held + self.axes[stop].size * width <= _ROWS_BYTES // 8:
-                held += self.axes[stop].size * width
+            stop, held = start + 1, sizes_of[start] * width
+            while stop < dims and held + sizes_of[stop] * width <= _ROWS_BYTES // 8:
+                held += sizes_of[stop] * width
                 stop += 1
-            sizes = [self.axes[d].size * width for d in range(start, stop)]
+            sizes = [sizes_of[d] * width for d in range(start, stop)]
             out_start = torch.tensor([0, *sizes[:-1]], dtype=torch.int64).cumsum(0)
             out = torch.zeros(held, dtype=torch.float64)
             rows_fn(self.num_points, dims, start, stop, width, self._offsets.data_ptr(), below.data_ptr(),
                     weight.data_ptr(), self.inverse_noise.data_ptr(), out_start.data_ptr(), out.data_ptr())
             for k, d in enumerate(range(start, stop)):
-                block = out[int(out_start[k]):int(out_start[k]) + sizes[k]].view(self.axes[d].size, width)
+                block = out[int(out_start[k]):int(out_start[k]) + sizes[k]].view(sizes_of[d], width)
                 projected = self.roots[d].mT @ block                         # (r_d, width)
                 upper[ranks[d]:ranks[d + 1]] = (self._roots_t @ projected.mT.contiguous()).mT
             start = stop
@@ -266,20 +287,6 @@ class AdditiveGrid:
             inner[part, part] -= upper[part, part]
         inner.diagonal().add_(1.0)
         return inner
-
-    def _histogram(self, below: Tensor, weight: Tensor, size: int, other_below: Tensor, other_weight: Tensor,
-                   other_size: int) -> Tensor:
-        """:math:`W_d^\\top D^{-1} W_e`, ``(m_d, m_e)``: the 16 products of the two points' weights
-        summed per pair of grid cells (one ``index_add_``), then placed at their 16 offsets."""
-        products = (weight * self.inverse_noise[:, None])[:, :, None] * other_weight[:, None, :]
-        cells = torch.zeros(size * other_size, 16, dtype=torch.float64)
-        cells.index_add_(0, below * other_size + other_below, products.reshape(-1, 16))
-        cells = cells.reshape(size, other_size, 4, 4)
-        out = torch.zeros(size, other_size, dtype=torch.float64)
-        for a in range(4):  # below runs from 1 to size - 3; its offsets -1 .. 2 from 0 to size - 1
-            for b in range(4):
-                out[a:size - 3 + a, b:other_size - 3 + b] += cells[1:size - 2, 1:other_size - 2, a, b]
-        return out
 
     def _project(self, v: Tensor) -> Tensor:
         r""":math:`\Phi^\top v = R^\top W^\top v`, ``(r, C)``."""
@@ -350,7 +357,7 @@ class AdditiveGrid:
         out = torch.empty(x.shape[0], dtype=torch.float64)
         for start in range(0, x.shape[0], 1024):  # (1024, r) features at a time
             chunk = x[start:start + 1024]
-            weights, _ = self._weights_matrices([a.locate(chunk[:, d]) for d, a in enumerate(self.axes)], chunk.shape[0])
+            weights = self._weights_matrix(*self.axes.locate(chunk))
             features = self._roots_t @ weights.to_dense().mT.contiguous()     # (r, chunk)
             out[start:start + chunk.shape[0]] = torch.linalg.solve_triangular(self.cholesky, features, upper=False).square().sum(0)
         return out
