@@ -5,8 +5,9 @@ imports included: a deferred import is still a dependency), resolved to the lazy
 names, and checked against the layer table of ``docs/architecture.rst``: each unit (a top-level
 module or package of lazykern) imports only units of lower layers, so the engines (one layer) never
 import each other, and no module imports itself back through a circle. The library never imports
-the application wing the table marks (``# application``). The formulas import no engine library. Then the path of one product: ``kernel(X) @ v`` asks the chooser once, and no
-operator module names an engine.
+the application wing the table marks (``# application``). The formulas import no engine library.
+Then the path of one product: ``kernel(X) @ v`` asks the chooser once, and no operator module names
+an engine.
 """
 
 from __future__ import annotations

@@ -123,6 +123,21 @@ class UCISplit:
         return y * self.y_std + self.y_mean
 
 
+def split_of_arrays(name: str, split: int, train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray,
+                    test_y: np.ndarray, statistics: tuple[np.ndarray, np.ndarray, float, float], dtype: torch.dtype,
+                    device: str | torch.device) -> UCISplit:
+    """A :class:`UCISplit` of standardized NumPy arrays, as tensors of ``dtype`` on ``device``;
+    ``statistics`` are the training ``(x_mean, x_std, y_mean, y_std)``."""
+
+    def tensor(a: np.ndarray) -> Tensor:
+        return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=device)
+
+    x_mean, x_std, y_mean, y_std = statistics
+    return UCISplit(name=name, split=split, train_x=tensor(train_x), train_y=tensor(train_y), test_x=tensor(test_x),
+                    test_y=tensor(test_y), x_mean=tensor(x_mean), x_std=tensor(x_std), y_mean=float(y_mean),
+                    y_std=float(y_std))
+
+
 def _check_name(name: object) -> str:
     if not isinstance(name, str):
         raise TypeError(f"name must be a str (a dataset name such as 'pol'), got {type(name).__name__}")
@@ -363,19 +378,5 @@ def load_uci(
     train, test_data = data[train_rows], data[test]
     mean, std = _standardize(train)
     train, test_data = (train - mean) / std, (test_data - mean) / std
-
-    def tensor(a: np.ndarray) -> Tensor:
-        return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=device)
-
-    return UCISplit(
-        name=name,
-        split=split,
-        train_x=tensor(train[:, :-1]),
-        train_y=tensor(train[:, -1]),
-        test_x=tensor(test_data[:, :-1]),
-        test_y=tensor(test_data[:, -1]),
-        x_mean=tensor(mean[:-1]),
-        x_std=tensor(std[:-1]),
-        y_mean=float(mean[-1]),
-        y_std=float(std[-1]),
-    )
+    return split_of_arrays(name, split, train[:, :-1], train[:, -1], test_data[:, :-1], test_data[:, -1],
+                           (mean[:-1], std[:-1], float(mean[-1]), float(std[-1])), dtype, device)

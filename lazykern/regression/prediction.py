@@ -35,19 +35,22 @@ from ..solvers import CGResult, cg
 from ..validation import check_floating_matrix, check_positive_number
 from .training import on_conjugate_gradients
 
-__all__ = ["MeanSolve", "VARIANCE_CHECK_POINTS", "VARIANCE_CHECK_SOLVES", "VARIANCE_CHECK_TOLERANCE", "gaussian_metrics",
-           "love_variances_off", "predict", "variance_bounds"]
+__all__ = ["MeanSolve", "VARIANCE_CHECK_POINTS", "VARIANCE_CHECK_SOLVES", "VARIANCE_CHECK_TOLERANCE",
+           "gaussian_metrics", "love_variances_off", "predict", "variance_bounds"]
 
-#: Test points on which the evaluation checks LOVE's predictive variances on the conjugate-gradient
-#: path (:func:`love_variances_off`), and how far outside the exact variance's bounds (relatively) a
-#: LOVE variance may lie before the NLPD is withheld.
 VARIANCE_CHECK_POINTS = 16
+"""Test points on which the evaluation checks LOVE's predictive variances on the conjugate-gradient
+path (:func:`love_variances_off`), spread over the test set."""
+
 VARIANCE_CHECK_TOLERANCE = 0.05
-#: The solve tolerances the check tries in turn, stopping at the first whose bounds show LOVE off
-#: or leave it no room to be: the bounds hold at any tolerance, and where LOVE is far off a loose
-#: solve already shows it, while a solve at 1e-6 may take up to twice as many iterations as there
-#: are training points (``docs/uci.rst``, "Reading the tables").
+"""How far outside the exact variance's bounds, relatively, a LOVE variance may lie before the NLPD is
+withheld."""
+
 VARIANCE_CHECK_SOLVES = (1e-2, 1e-4, 1e-6)
+"""The solve tolerances the check tries in turn, stopping at the first whose bounds show LOVE off or
+leave it no room to be: the bounds hold at any tolerance, and where LOVE is far off a loose solve
+already shows it, while a solve at 1e-6 may take up to twice as many iterations as there are
+training points (``docs/uci.rst``, "The recipe's choices")."""
 
 
 @dataclass(frozen=True)
@@ -91,17 +94,17 @@ def predict(
     exact one. On the conjugate-gradient path the mean's weights :math:`\alpha` are solved by
     :func:`lazykern.solvers.cg` in the model's dtype to ``gpytorch.settings.eval_cg_tolerance``
     (GPyTorch's preconditioner, its iteration limit), and GPyTorch predicts from them: the solve
-    says per column whether it reached its tolerance (:class:`MeanSolve`), where
-    ``linear_operator``'s only warns, and in float32 it can stall far from it. ``x`` is taken in the
-    model's dtype (a model :func:`~lazykern.regression.train` moved to float64 predicts float32
-    inputs in float64).
+    says per column whether it reached its tolerance
+    (:class:`~lazykern.regression.prediction.MeanSolve`), where ``linear_operator``'s only warns, and
+    in float32 it can stall far from it. ``x`` is taken in the model's dtype (a model
+    :func:`~lazykern.regression.train` moved to float64 predicts float32 inputs in float64).
 
     Args:
         model, likelihood: a trained exact GP and its Gaussian likelihood.
         x: ``(m, d)`` test inputs.
-        on_solve: called with the :class:`MeanSolve` where this call solved for :math:`\alpha` by
-            conjugate gradients (once per trained model: GPyTorch keeps :math:`\alpha` until the model
-            trains again or takes new data).
+        on_solve: called with the :class:`~lazykern.regression.prediction.MeanSolve` where this call
+            solved for :math:`\alpha` by conjugate gradients (once per trained model: GPyTorch keeps
+            :math:`\alpha` until the model trains again or takes new data).
 
     Returns:
         ``(mean, variance)``, two ``(m,)`` tensors in the model's dtype.
@@ -220,14 +223,15 @@ def love_variances_off(model: gpytorch.models.ExactGP, likelihood: gpytorch.like
     the conjugate-gradient path, on :data:`VARIANCE_CHECK_POINTS` test points spread over ``x``.
 
     A LOVE variance is off where it lies outside :math:`[l (1 - \tau), u (1 + \tau)]`
-    (:func:`variance_bounds`, :math:`\tau` = :data:`VARIANCE_CHECK_TOLERANCE`); the bounds are tried
-    at each of :data:`VARIANCE_CHECK_SOLVES`, stopping as soon as they show LOVE off or leave it no
-    room to be, so that a tight (costly) solve runs only where a loose one cannot tell.
+    (:func:`~lazykern.regression.variance_bounds`, :math:`\tau` = :data:`VARIANCE_CHECK_TOLERANCE`);
+    the bounds are tried at each of :data:`VARIANCE_CHECK_SOLVES`, stopping as soon as they show LOVE
+    off or leave it no room to be, so that a tight (costly) solve runs only where a loose one cannot
+    tell.
 
     Args:
         model, likelihood: a trained exact GP and its Gaussian likelihood.
         x: ``(m, d)`` test inputs.
-        variance: ``(m,)`` LOVE's predictive variances at ``x`` (:func:`predict`).
+        variance: ``(m,)`` LOVE's predictive variances at ``x`` (:func:`~lazykern.regression.predict`).
 
     Example:
         >>> import torch

@@ -163,7 +163,7 @@ class Recipe:
 
     @property
     def warm_start_budget(self) -> int:
-        """Most L-BFGS iterations of the warm start's exact fit: ``warm_start_iters``, else ``iters``."""
+        """The most L-BFGS iterations of the warm start's exact fit, ``warm_start_iters`` or else ``iters``."""
         return self.iters if self.warm_start_iters is None else self.warm_start_iters
 
     def warms_start(self, n_train: int) -> bool:

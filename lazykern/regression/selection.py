@@ -2,11 +2,12 @@ r"""Model selection on a subset: exact fits of a few points that choose where tr
 how low the noise may go.
 
 Each fit is :func:`~lazykern.regression.train` with L-BFGS on the exact (Cholesky) likelihood of a
-random subset: :func:`warm_start` hands a model its subset's hyperparameters,
-:func:`ard_scaled_directions` scales diverse directions by the lengthscales ARD RBF fits, and
-:func:`ard_noise_floor` takes the noise ARD RBF fits as a lower bound for a kernel that can explain
-the noise. An exact fit of :math:`M` points costs :math:`O(M^3)` per step whatever the full size, so
-a subset's answer is cheap where a full-size search is not (the measurements: ``docs/projected.rst``).
+random subset: :func:`~lazykern.regression.warm_start` hands a model its subset's hyperparameters,
+:func:`~lazykern.regression.ard_scaled_directions` scales diverse directions by the lengthscales
+ARD RBF fits, and :func:`~lazykern.regression.ard_noise_floor` takes the noise ARD RBF fits as a
+lower bound for a kernel that can explain the noise. An exact fit of :math:`M` points costs
+:math:`O(M^3)` per step whatever the full size, so a subset's answer is cheap where a full-size
+search is not (the measurements: ``docs/projected.rst``).
 
 Example:
     >>> import torch
@@ -32,9 +33,10 @@ from .training import TrainingLog, train
 __all__ = ["ARD_FIT_POINTS", "ard_noise_floor", "ard_scaled_directions", "warm_start"]
 
 ARD_FIT_POINTS = 1000
-"""Points of the exact ARD RBF fit of :func:`ard_scaled_directions`, :func:`ard_noise_floor` and
-:class:`~lazykern.regression.NoiseFloor` unless told otherwise: few enough for a Cholesky factor of
-the subset to be cheap at every step, the size the measurements of ``docs/projected.rst`` used."""
+"""Points of the exact ARD RBF fit of :func:`~lazykern.regression.ard_scaled_directions`,
+:func:`~lazykern.regression.ard_noise_floor` and :class:`~lazykern.regression.NoiseFloor` unless told
+otherwise: few enough for a Cholesky factor of the subset to be cheap at every step, the size the
+measurements of ``docs/projected.rst`` used."""
 
 
 def warm_start(
@@ -55,7 +57,7 @@ def warm_start(
     all points (conjugate gradients and Adam, or exactly) goes on from there, as large exact GPs are
     trained from a subset's hyperparameters (Wang et al., "Exact Gaussian processes on a million data
     points", NeurIPS 2019): Adam from the recipe's start can end far from where L-BFGS on the exact
-    likelihood does (``docs/projected.rst``, "Against ARD at 5,000 training points").
+    likelihood does (``docs/projected.rst`` has the runs).
 
     Args:
         model: an exact GP holding its training data (more than ``size`` points).

@@ -1,11 +1,13 @@
 r"""The training job as four steps over one :class:`~lazykern.regression.Recipe`, each returning a
 frozen record of what it did:
 
-1. :func:`prepare`: resolve the recipe and its noise floor, build the model (:class:`Prepared`);
-2. :func:`fit`: the warm start, then training (:class:`Fitted`);
-3. :func:`evaluate`: predict, in float64 where float32 fails, check LOVE's variances on the
-   conjugate-gradient path, score (:class:`Evaluated`);
-4. :func:`analyze`: the component analysis of an additive model (:class:`Analyzed`).
+1. :func:`~lazykern.regression.prepare`: resolve the recipe and its noise floor, build the model
+   (:class:`~lazykern.regression.Prepared`);
+2. :func:`~lazykern.regression.fit`: the warm start, then training (:class:`~lazykern.regression.Fitted`);
+3. :func:`~lazykern.regression.evaluate`: predict, in float64 where float32 fails, check LOVE's
+   variances on the conjugate-gradient path, score (:class:`~lazykern.regression.Evaluated`);
+4. :func:`~lazykern.regression.analyze`: the component analysis of an additive model
+   (:class:`~lazykern.regression.Analyzed`).
 
 :func:`~lazykern.regression.fit_evaluate` runs the four in turn; a caller who wants to look at the
 model between them, or to skip one, runs them itself. The records hold numbers and words only
@@ -382,11 +384,12 @@ def analyze(model: ExactGPRegressor, prepared: Prepared) -> tuple[Analyzed, Comp
 
     Example:
         >>> import torch
-        >>> from lazykern.regression import analyze, prepare
+        >>> from lazykern.regression import Analyzed, analyze, prepare
         >>> x = torch.rand(40, 3, dtype=torch.float64)
         >>> model, _, prepared = prepare(x, x.sum(-1), "rbf-ard")
-        >>> analyze(model, prepared)
-        (Analyzed(order_shares=None, dimension_shares=None, total_effects=None, total_effects_se=None, analysis_kind=None, total_effects_kind=None, component_axes=None), None)
+        >>> analyzed, analysis = analyze(model, prepared)   # ARD: no additive components
+        >>> analyzed == Analyzed(), analysis is None
+        (True, True)
     """
     inner, _ = lazy_kernels.family_of(model.covar_module)
     if inner is None or inner.component_axes is None or inner.batch_shape:

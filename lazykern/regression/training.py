@@ -47,8 +47,8 @@ a shorter window takes that plateau for convergence; a window of 30 steps lets i
 #: Learning-rate halvings after which Adam's plateau rule stops.
 ADAM_HALVINGS = 4
 
-#: What a failed evaluation raises (besides a non-finite loss): a Cholesky factor that does not exist even with GPyTorch's jitter
-#: (``NotPSDError``), a kernel matrix with NaN entries (``NanError``), a loss that is not finite.
+#: What a failed evaluation raises (besides a non-finite loss): a Cholesky factor that does not exist
+#: even with GPyTorch's jitter (``NotPSDError``), a kernel matrix with NaN entries (``NanError``).
 NUMERICAL_FAILURES = (NotPSDError, NanError)
 
 
@@ -113,7 +113,7 @@ def resolve_optimizer(optimizer: str, n_train: int) -> str:
 
 
 def check_optimizer(optimizer: object) -> str:
-    """``optimizer`` must be one of :data:`OPTIMIZERS`; returns it.
+    """``optimizer`` must be one of :data:`~lazykern.regression.OPTIMIZERS`; returns it.
 
     Example:
         >>> from lazykern.regression.training import check_optimizer
@@ -301,7 +301,7 @@ def trains_in_float64(model: gpytorch.models.ExactGP) -> bool:
 
     ``linear_operator``'s preconditioned conjugate gradients stall in float32: a stalled solve runs
     to its iteration limit and gives a loss and gradient far from the exact ones, where float64
-    converges in a few iterations (``docs/projected.rst``, "Against ARD at 5,000 training points").
+    converges in a few iterations (``docs/uci.rst``, "The recipe's choices").
     On CPUs float64 costs little more per step, the structured engine summing in float64 anyway;
     models on a GPU keep their dtype, where float64 runs at a fraction of float32's speed.
 
