@@ -10,13 +10,16 @@ import json
 import math
 import sys
 from dataclasses import replace
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ..kernel_names import COMPARE_KERNELS, GPYTORCH_KERNELS
 from .checks import check_options, json_to_stdout
 from .parser import COMPILE_TIMES, CPU_DEFAULT_N_TRAIN, DEMO_CPU_N_TRAIN, DEMO_GPU_N_TRAIN, UsageError
 from .report import comparison_text, results_text, training_notes
 from .runtime import resolve_device
+
+if TYPE_CHECKING:  # imported with torch, once the options have been checked
+    from ..regression import Recipe
 
 __all__ = ["run"]
 
@@ -83,7 +86,7 @@ def _warm_up(kernel: str, max_degree: int | None, num_projections: int | None, d
         print(f"{kernel}: reductions cached ({cached} loaded in {seconds:.1f} s)", file=sys.stderr, flush=True)
 
 
-def _recipe(args: argparse.Namespace):
+def _recipe(args: argparse.Namespace) -> Recipe:
     """The :class:`~lazykern.regression.Recipe` the flags describe (``--noise-floor`` for ``--kernel``'s
     model: ``--compare``'s models keep GPyTorch's bound)."""
     from ..regression import NoiseFloor, Recipe

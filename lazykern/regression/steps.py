@@ -65,6 +65,17 @@ class Prepared:
         solver: ``"cholesky"`` or ``"cg"`` (conjugate gradients and Lanczos on lazy matvecs): how
             training and prediction solve with the kernel matrix.
         recipe: the recipe as it runs (``max_cholesky_size`` resolved).
+
+    Example:
+        >>> import gpytorch, torch
+        >>> from lazykern.regression import prepare
+        >>> x = torch.rand(40, 3)
+        >>> with gpytorch.settings.max_cholesky_size(30):
+        ...     _, _, prepared = prepare(x, x.sum(-1), "additive-ng", max_degree=2)
+        >>> prepared.n_train, prepared.d, prepared.dtype, prepared.max_degree, prepared.solver
+        (40, 3, 'float32', 2, 'cg')
+        >>> prepared.recipe.max_cholesky_size
+        30
     """
 
     kernel: str
@@ -97,6 +108,15 @@ class Fitted:
         float64_from: the iteration after which a float32 model went on in float64, or ``None``.
         seconds: wall-clock time of the warm start and training.
         peak_memory_mb, memory_measure: peak memory during them (:class:`~lazykern.timing.PeakMemory`).
+
+    Example:
+        >>> import torch
+        >>> from lazykern.regression import Recipe, fit, prepare
+        >>> x = torch.rand(40, 2, dtype=torch.float64)
+        >>> model, likelihood, prepared = prepare(x, x.sum(-1), "rbf-ard", Recipe(iters=3))
+        >>> fitted = fit(model, likelihood, prepared, progress=False)
+        >>> fitted.optimizer_used, fitted.iterations <= 3, fitted.interventions
+        ('lbfgs', True, ())
     """
 
     optimizer_used: str
@@ -130,6 +150,15 @@ class Evaluated:
         hyperparameters: the model's hyperparameters (:func:`~lazykern.regression.hyperparameters`).
         seconds: wall-clock time of prediction and the variance check.
         peak_memory_mb, memory_measure: peak memory during them (:class:`~lazykern.timing.PeakMemory`).
+
+    Example:
+        >>> import torch
+        >>> from lazykern.regression import evaluate, prepare
+        >>> x = torch.rand(50, 2, dtype=torch.float64)
+        >>> model, likelihood, prepared = prepare(x[:40], x[:40].sum(-1), "rbf-ard")
+        >>> evaluated = evaluate(model, likelihood, prepared, x[40:], x[40:].sum(-1))
+        >>> evaluated.n_test, evaluated.computed_dtype, sorted(evaluated.hyperparameters)[0]
+        (10, 'float64', 'covar_module.base_kernel.lengthscale')
     """
 
     n_test: int
@@ -157,6 +186,15 @@ class Analyzed:
             where exact).
         analysis_kind, total_effects_kind: how the shares and the effects were computed.
         component_axes: ``"inputs"`` or ``"projections"``: what the shares are listed by.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.regression import analyze, prepare
+        >>> x = torch.rand(40, 3, dtype=torch.float64)
+        >>> model, _, prepared = prepare(x, x.sum(-1), "additive-rbf")
+        >>> analyzed, _ = analyze(model, prepared)
+        >>> len(analyzed.dimension_shares), analyzed.analysis_kind, analyzed.component_axes
+        (3, 'empirical', 'inputs')
     """
 
     order_shares: list[float] | None = None
@@ -238,22 +276,23 @@ def fit(model: ExactGPRegressor, likelihood: gpytorch.likelihoods.Likelihood, pr
         40
     """
     recipe, device = prepared.recipe, model.train_inputs[0].device
+    warmed = recipe.warms_start(prepared.n_train)
     with PeakMemory(device) as peak, gpytorch.settings.max_cholesky_size(recipe.max_cholesky_size):
         optimizer_used = resolve_optimizer(recipe.optimizer, prepared.n_train)
         with Stopwatch(device) as clock:
-            warmed = _warm_start(model, likelihood, recipe, prepared.n_train, progress)
+            warm_notes = _warm_start(model, likelihood, recipe, progress) if warmed else ()
             log = train(model, likelihood, iters=recipe.iters, lr=recipe.lr, progress=progress,
                         optimizer=recipe.optimizer, tolerance=recipe.tolerance)
     return Fitted(
         optimizer_used=optimizer_used,
         tolerance=log.tolerance,
-        warm_start_size=recipe.warm_start_size if warmed is not None else None,
+        warm_start_size=recipe.warm_start_size if warmed else None,
         final_loss=log[-1],
         evaluations=log.evaluations,
         iterations=log.iterations,
         converged=log.converged,
         stop_reason=log.stop_reason,
-        interventions=(*(warmed or ()), *log.interventions),
+        interventions=(*warm_notes, *log.interventions),
         float64_from=log.float64_from,
         seconds=clock.seconds,
         peak_memory_mb=peak.mb,
@@ -262,11 +301,9 @@ def fit(model: ExactGPRegressor, likelihood: gpytorch.likelihoods.Likelihood, pr
 
 
 def _warm_start(model: ExactGPRegressor, likelihood: gpytorch.likelihoods.Likelihood, recipe: Recipe,
-                n_train: int, progress: bool) -> tuple[str, ...] | None:
-    """The recipe's warm start, where it asks for one below ``n_train`` points: what the subset's
-    fit had to do (``interventions``, said as the warm start's), or ``None`` without a warm start."""
-    if not recipe.warms_start(n_train):
-        return None
+                progress: bool) -> tuple[str, ...]:
+    """The recipe's warm start: what the subset's fit had to do (its ``interventions``, said as the
+    warm start's)."""
     log = warm_start(model, likelihood, recipe.warm_start_size, iters=recipe.warm_start_budget, progress=progress)
     return tuple(f"warm start ({recipe.warm_start_size} points): {note}" for note in log.interventions)
 
