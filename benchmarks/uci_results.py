@@ -466,6 +466,48 @@ The recorded numbers are the models': predictions recomputed in float64 from the
 hyperparameters give the recorded test RMSE to 9 digits (ARD and Newton–Girard on split 0, condition
 numbers 3e7 and 1e7).
 
+The recipe's choices
+--------------------
+
+The measurements behind the rules of :mod:`lazykern.regression` that no table above holds (split 0
+unless said otherwise):
+
+* **Dimension-aware lengthscales** (:func:`lazykern.regression.initialize`). GPyTorch's default
+  lengthscale, 0.69, makes an ARD kernel in 32 dimensions start at :math:`e^{-66}` between any two
+  standardized points, where the likelihood has no slope but towards "all noise": pumadyn32nm's ARD
+  runs ended at the mean predictor from there.
+* **The initial noise** (:data:`lazykern.regression.INITIAL_NOISE`). On pumadyn32nm (1,500 points,
+  ARD RBF, L-BFGS) training from GPyTorch's default noise 0.69, or from 0.1, converges to the mean
+  predictor (outputscale 1e-5, noise 1.0); from 0.01 it finds the fit.
+* **All interaction orders** (:data:`lazykern.regression.DEFAULT_MAX_DEGREE`). On kin40k (1,000
+  points, d = 8) orders 1..4 end at a training loss of 0.84 (test RMSE 0.42), all 8 orders at 0.55.
+* **The top order's share** (:data:`lazykern.regression.TOP_ORDER_SHARE`). With equal order
+  variances the likelihood was flat towards the interactions on pumadyn32nm: L-BFGS stopped after 4
+  evaluations at the mean predictor (test RMSE 1.02, ARD 0.22). Test RMSE from equal variances / 0.9
+  on the top order / 0.99 on it (float32; 1,500 points for pumadyn32nm, 1,000 for the others):
+  pumadyn32nm 1.02 / 0.218 / 0.218 (ARD 0.224), pol 0.151 / 0.153 / 0.156 (ARD 0.160), keggdirected
+  0.108 / 0.111 / 0.104 (ARD 0.101). 0.99 made the float32 demo's line search step into a matrix
+  that was not positive definite; 0.9 did not.
+* **Discrete inputs** (:data:`lazykern.regression.DISCRETE_MAX_LEVELS`,
+  :func:`lazykern.regression.floor_discrete_lengthscales`). Bike's month has 12 values, its season and
+  weather 4, its weekday 7, its hour (24) is continuous; without the floor OAK's lengthscales on
+  bike's binary inputs drifted towards 0.
+* **L-BFGS where the likelihood is exact** (``optimizer="auto"``). On a 4-dimensional toy problem
+  (120 points, float64) L-BFGS converged in 35 loss evaluations to -0.617; Adam at lr 0.1 was at
+  -0.553 after 2,000 steps and still improving (``benchmarks/recipe.py`` measures both on UCI data).
+* **float64 on the conjugate-gradient path on a CPU**
+  (:func:`lazykern.regression.trains_in_float64`). On kin40k (5,000 points, ``dpa-matern52`` with 64
+  projections, at the hyperparameters of a 1,000-point warm start, Intel Xeon, one thread) a float32
+  step with the default rank-15 pivoted-Cholesky preconditioner ran all 1,000 iterations and ended at
+  a relative residual of 1.9 (the tolerance: 1), 21 s; the same solve on the matrix stored densely
+  also stalled, at 0.02 against a tolerance of 0.01. In float64 the step converged at tolerance 0.01
+  in 0.8 s, its loss 0.732 against the exact 0.726. A step on all 36,000 of kin40k's points took
+  1.9 s in float64 against 1.6 s in float32 (the whole runs: :doc:`projected`).
+* **The variance check's loose solves first**
+  (:data:`lazykern.regression.prediction.VARIANCE_CHECK_SOLVES`). Where LOVE is far off a loose solve
+  shows it: on kin40k (5,000 points, ``dpa-matern52``) LOVE gave 20.7 where the exact variance is
+  below 0.076.
+
 Reading the tables
 ------------------
 
@@ -497,13 +539,15 @@ RMSE of 6.03: in float32 the posterior mean's conjugate-gradient solve (prior va
 0.17) stopped at a relative residual of 1.83 after 1,000 iterations, of which ``linear_operator``
 only warns; at the same hyperparameters float64 predicts with 0.54. :func:`lazykern.regression.fit_evaluate`
 now repeats such a prediction in float64 and says so in the run's ``interventions``; the table's run
-is the one made after that change.
+is the one made after that change. The mean's solve is now lazykern's own conjugate gradients
+(:func:`lazykern.regression.predict`), whose result says whether it reached its tolerance.
 
 The full-set NLPD is shown only where the predictive variances are known right. On the
 conjugate-gradient path they come from LOVE, whose Krylov space (100 vectors, GPyTorch's default)
 overestimates them when more of the kernel's eigenvalues than that exceed the noise: on elevators,
 at the ``additive-rbf`` run's hyperparameters, LOVE gave variances of about 60 where a dense float64
-Cholesky gives 0.11 (NLPD 2.97 against 0.63; test RMSE 0.446 either way).
+Cholesky gives 0.11, and a Krylov space of 300 vectors still 10 (NLPD 2.97 against 0.63; test RMSE
+0.446 either way).
 :func:`lazykern.regression.fit_evaluate` now bounds the exact variance at 16 test points by float64
 conjugate gradients (:func:`lazykern.regression.variance_bounds`) and withholds the NLPD where LOVE's
 lie outside; the runs above made before that check have their RMSE shown and their NLPD not.

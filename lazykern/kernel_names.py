@@ -48,9 +48,9 @@ diverse (``dpa-``) or random (``rpa-``) directions, fixed or (``-learned``) trai
 LEARNED_PROJECTION_KERNELS: tuple[str, ...] = ("dpa-matern52-learned",)
 """The projected kernels whose directions are trained. Their :math:`dJ` direction parameters can explain
 the noise, so the recipe bounds the noise variance below by the one ARD RBF fits on the same data
-(:func:`lazykern.regression.fit_evaluate`'s ``noise_floor="auto"``, ``lazykern uci``'s default): on
-UCI split 0 at 1,000 points it improved the test RMSE on kin40k, pol and elevators and the test NLPD on
-all four datasets measured (``docs/projected.rst``)."""
+(:class:`lazykern.regression.NoiseFloor` ``("auto")``, ``lazykern uci``'s default ``--noise-floor``),
+which keeps their predictions from becoming overconfident (``docs/projected.rst``, "Fixed or learned
+directions", has the runs)."""
 
 COMPONENT_KERNELS: tuple[str, ...] = ("additive-rbf", "additive-matern52", *INTERACTION_KERNELS)
 """The kernels made of additive components, for which a trained model's order and dimension shares
@@ -70,13 +70,9 @@ nats per training point: L-BFGS stops when the loss changes by less than this be
 Adam's plateau rule compares its per-step improvement over :data:`~lazykern.regression.ADAM_PLATEAU_WINDOW`
 steps with it.
 
-L-BFGS's was 1e-4, which stopped where the loss was still falling. Measured on UCI (Newton–Girard
-kernel, float32 then float64 as :func:`~lazykern.regression.train` does; 1,000 training points, 1,500
-for pumadyn32nm): pol split 1 stopped after 64 iterations at a loss of -0.310 (test RMSE 0.151) and
-goes on with 1e-6 for 193 to -0.324 (0.146); over pol, elevators and pumadyn32nm, splits 0-2,
-no run ended at a higher loss with 1e-6. Test RMSE moves both ways at the third decimal (the
-"UCI results" page has the table). Adam's stochastic conjugate-gradient loss is noisy from step
-to step: its plateau rule keeps 1e-4."""
+L-BFGS's is small because a looser threshold stops where the loss is still falling
+(``docs/uci.rst``, "Training to convergence"); Adam's stochastic conjugate-gradient loss is noisy
+from step to step, and its plateau rule keeps a looser one."""
 
 
 PROJECTIONS_PER_DIMENSION = 2

@@ -544,3 +544,21 @@ def test_report_reads_metrics_worse_than_the_mean_predictor():
     rmse, nlpd = _readings({"kernel": "k", "rmse": 1.2, "nlpd": 2.25}, mean)
     assert "RMSE 1.2000 is no better than the mean predictor's 1.0000" in rmse
     assert "worse than the training mean" in nlpd
+
+
+def test_the_warm_start_has_its_own_budget(monkeypatch, capsys):
+    """``--warm-start-iters`` is the subset fit's own L-BFGS budget in the command's recipe (default:
+    ``--iters``), and asks for ``--warm-start``."""
+    from lazykern.regression import steps
+
+    budgets, warm_start = [], steps.warm_start
+    monkeypatch.setattr(steps, "warm_start",
+                        lambda *args, iters, **kwargs: budgets.append(iters) or warm_start(*args, iters=iters, **kwargs))
+    flags = [*TINY_DEMO, "--kernel", "rbf-ard", "--iters", "3", "--warm-start", "100", "--json", "-"]
+    assert main(flags) == 0
+    assert json.loads(capsys.readouterr().out)["warm_start_size"] == 100
+    assert main([*flags, "--warm-start-iters", "2"]) == 0
+    assert budgets == [3, 2]
+    capsys.readouterr()
+    assert main([*TINY_DEMO, "--warm-start-iters", "2"]) == 2
+    assert "lazykern: error: --warm-start-iters applies with --warm-start M only" in capsys.readouterr().err

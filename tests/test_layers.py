@@ -4,9 +4,10 @@ Every ``import`` and ``from ... import`` of every module is read with :mod:`ast`
 imports included: a deferred import is still a dependency), resolved to the lazykern module it
 names, and checked against the layer table of ``docs/architecture.rst``: each unit (a top-level
 module or package of lazykern) imports only units of lower layers, so the engines (one layer) never
-import each other, and no module imports itself back through a circle. The formulas import no
-engine library. Then the path of one product: ``kernel(X) @ v`` asks the chooser once, and no
-operator module names an engine.
+import each other, and no module imports itself back through a circle. The library never imports
+the application wing the table marks (``# application``). The formulas import no engine library.
+Then the path of one product: ``kernel(X) @ v`` asks the chooser once, and no operator module names
+an engine.
 """
 
 from __future__ import annotations
@@ -78,17 +79,29 @@ def _unit(name: str) -> str:
     return ".".join(name.split(".")[:2])
 
 
-def _layers() -> list[set[str]]:
+APPLICATION_MARK = "# application"
+
+
+def _table() -> tuple[list[set[str]], set[str]]:
     """The layer table of docs/architecture.rst, lowest first: the lines of the ``text`` block
-    captioned "The layers", each a layer of unit names (``lazykern.`` omitted)."""
+    captioned "The layers", each a layer of unit names (``lazykern.`` omitted); and the application
+    wing, the units on the lines after the comment line that starts with ``# application``, but for
+    the package root (``lazykern``, the top line, which re-exports both)."""
     text = ARCHITECTURE.read_text()
     match = re.search(r"\.\. code-block:: text\n   :caption: The layers[^\n]*\n\n((?:   [^\n]*\n|\n)+)", text)
     assert match, "docs/architecture.rst has no layer table (a text block captioned 'The layers')"
-    lines = [line.split("#")[0].split() for line in match.group(1).splitlines()]
-    return [{"lazykern" if u == "lazykern" else f"lazykern.{u}" for u in line} for line in lines if line]
+    layers, wing, in_wing = [], set(), False
+    for line in match.group(1).splitlines():
+        in_wing = in_wing or line.strip().startswith(APPLICATION_MARK)
+        units = {"lazykern" if u == "lazykern" else f"lazykern.{u}" for u in line.split("#")[0].split()}
+        if units:
+            layers.append(units)
+        if in_wing:
+            wing |= units - {"lazykern"}
+    return layers, wing
 
 
-LAYERS = _layers()
+LAYERS, APPLICATION = _table()
 LAYER_OF = {unit: k for k, units in enumerate(LAYERS) for unit in units}
 ENGINES = LAYERS[LAYER_OF["lazykern.cpu"]]  # the engines' layer: the C target's and its siblings
 
@@ -106,6 +119,18 @@ def test_each_unit_imports_only_lower_layers():
             a, b = _unit(name), _unit(imported)
             if a != b and LAYER_OF[b] >= LAYER_OF[a]:
                 wrong.append(f"{name} imports {imported} (layer {LAYER_OF[a] + 1} -> {LAYER_OF[b] + 1})")
+    assert wrong == []
+
+
+def test_the_library_never_imports_the_application():
+    """The application wing of the table (the UCI job, the command, the data loader, the component
+    analysis and the kernel names) sits on the library: no module of a library unit imports a unit of
+    the wing, at its top or inside a function; the package root, above both, re-exports either."""
+    assert {"lazykern.regression", "lazykern.cli"} <= APPLICATION, "the table's application wing was not read"
+    library = set(LAYER_OF) - APPLICATION - {"lazykern"}
+    assert "lazykern.kernels" in library and "lazykern.timing" in library
+    wrong = [(name, imported) for name in MODULES if _unit(name) in library
+             for imported in _lazykern_imports(name) if _unit(imported) in APPLICATION]
     assert wrong == []
 
 

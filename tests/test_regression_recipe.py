@@ -469,13 +469,13 @@ def test_a_float32_prediction_whose_cg_stalls_is_repeated_in_float64_and_said(mo
     the result says so. Training keeps float32 here, as it does for a model on a GPU (on CPU
     tensors the conjugate-gradient path trains, and so predicts, in float64)."""
     monkeypatch.setattr(regression.training, "trains_in_float64", lambda model: False)
-    predict = regression.evaluation.predict
+    predict = regression.prediction.predict
 
     def cut_short(*args):
         with gpytorch.settings.eval_cg_tolerance(1e-20):
             return predict(*args)
 
-    monkeypatch.setattr(regression.evaluation, "predict", cut_short)
+    monkeypatch.setattr(regression.prediction, "predict", cut_short)
     x, y = _relevant_two_of(2, 60, 1)
     with settings.engine("torch"):
         result = fit_evaluate(x[:50].float(), y[:50].float(), x[50:].float(), y[50:].float(), kernel="rbf-ard",
@@ -511,19 +511,120 @@ def test_love_variances_a_rank_cannot_resolve_withhold_the_nlpd(monkeypatch):
     right, the check stops at the first solve whose bounds leave it no room to be off."""
     x, y = _relevant_two_of(2, 70, 3)
     args = dict(kernel="additive-rbf", iters=3, max_cholesky_size=0, analyze=False, progress=False)
-    tolerances, bounds = [], regression.evaluation.variance_bounds
+    tolerances, bounds = [], regression.prediction.variance_bounds
 
     def recorded(model, likelihood, x, tolerance):
         tolerances.append(tolerance)
         return bounds(model, likelihood, x, tolerance)
 
-    monkeypatch.setattr(regression.evaluation, "variance_bounds", recorded)
+    monkeypatch.setattr(regression.prediction, "variance_bounds", recorded)
     with settings.engine("torch"):
         fine = fit_evaluate(x[:60], y[:60], x[60:], y[60:], **args)
-        assert len(tolerances) < len(regression.evaluation.VARIANCE_CHECK_SOLVES)  # the 1e-6 solve spared
+        assert len(tolerances) < len(regression.prediction.VARIANCE_CHECK_SOLVES)  # the 1e-6 solve spared
         with gpytorch.settings.max_root_decomposition_size(2):
             short = fit_evaluate(x[:60], y[:60], x[60:], y[60:], **args)
     assert math.isfinite(fine.nlpd) and not any("LOVE" in note for note in fine.interventions)
     assert math.isnan(short.nlpd) and math.isnan(short.nlpd_original) and math.isfinite(short.rmse)
     assert short.interventions[-1].startswith("LOVE's predictive variances off at ")
     assert short.interventions[-1].endswith("by float64 conjugate gradients): NLPD not reported")
+
+
+def test_a_recipe_checks_its_options_and_folds_fit_evaluates_keywords():
+    """Every option is checked when the recipe is made; ``fit_evaluate``'s keywords become one recipe
+    in one place, and beside a recipe they must keep their defaults."""
+    Recipe, NoiseFloor = regression.Recipe, regression.NoiseFloor
+    with pytest.raises(ValueError, match="iters must be a positive int, got 0"):
+        Recipe(iters=0)
+    with pytest.raises(ValueError, match="optimizer must be one of auto, lbfgs, adam; got 'sgd'"):
+        Recipe(optimizer="sgd")
+    with pytest.raises(ValueError, match="warm_start_iters must be a positive int or None, got 0"):
+        Recipe(warm_start_iters=0)
+    with pytest.raises(ValueError, match=r"warm_start_size must be at most max_cholesky_size \(50\)"):
+        Recipe(warm_start_size=51, max_cholesky_size=50)
+    with pytest.raises(TypeError, match="noise_floor must be a NoiseFloor"):
+        Recipe(noise_floor="ard")
+    with pytest.raises(ValueError, match=r"noise_floor must be one of \('ard', 'auto'\), got 'none'"):
+        NoiseFloor("none")
+    assert Recipe.of(iters=30, noise_floor=None) == Recipe(iters=30, noise_floor=NoiseFloor(None))
+    assert Recipe.of(Recipe(iters=30), iters=200, noise_floor="auto") == Recipe(iters=30)
+    with pytest.raises(ValueError, match="give iters, noise_floor in the recipe, not beside it"):
+        Recipe.of(Recipe(), iters=30, noise_floor=0.1)
+    assert (Recipe(iters=7).warm_start_budget, Recipe(iters=7, warm_start_iters=2).warm_start_budget) == (7, 2)
+    with gpytorch.settings.max_cholesky_size(123):
+        assert Recipe().resolved().max_cholesky_size == 123 and Recipe(max_cholesky_size=5).resolved() == Recipe(
+            max_cholesky_size=5)
+
+
+def test_the_steps_are_fit_evaluate():
+    """``fit_evaluate`` is its four steps in turn: the same records, and its flat attributes and
+    ``to_dict()`` read from them (read-only)."""
+    import dataclasses
+
+    x, y = _relevant_two_of(3, 90, 5)
+    recipe = regression.Recipe(iters=15, max_cholesky_size=100)
+    with settings.engine("torch"):
+        result = fit_evaluate(x[:70], y[:70], x[70:], y[70:], kernel="additive-rbf", recipe=recipe, y_scale=2.0,
+                              progress=False)
+        model, likelihood, prepared = regression.prepare(x[:70], y[:70], "additive-rbf", recipe)
+        fitted = regression.fit(model, likelihood, prepared, progress=False)
+        evaluated = regression.evaluate(model, likelihood, prepared, x[70:], y[70:], y_scale=2.0)
+        analyzed, analysis = regression.analyze(model, prepared)
+    timing = {"floor_seconds", "seconds", "peak_memory_mb"}
+
+    def measured(record):
+        return {k: v for k, v in dataclasses.asdict(record).items() if k not in timing}
+
+    for mine, theirs in ((result.prepared, prepared), (result.fitted, fitted), (result.evaluated, evaluated),
+                         (result.analyzed, analyzed)):
+        assert measured(mine) == measured(theirs)
+    assert analysis is not None and result.analysis is not None
+    record = result.to_dict()
+    assert list(record)[:4] == ["kernel", "n_train", "n_test", "d"] and list(record)[-1] == "component_axes"
+    assert (result.rmse, result.order_shares, result.iters) == (evaluated.rmse, analyzed.order_shares, 15)
+    assert record["train_seconds"] == result.fitted.seconds + result.prepared.floor_seconds
+    assert record["interventions"] == [*result.fitted.interventions, *result.evaluated.interventions]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.rmse = 0.0
+    with pytest.raises(AttributeError, match="no attribute 'nosuchfield'"):
+        result.nosuchfield
+
+
+def test_the_warm_start_has_its_own_iteration_budget():
+    x = torch.rand(70, 2, dtype=torch.float64); y = torch.sin(4 * x).sum(-1)
+    recipe = regression.Recipe(iters=3, warm_start_size=30, warm_start_iters=2, max_cholesky_size=60)
+    result = fit_evaluate(x[:60], y[:60], x[60:], y[60:], kernel="rbf-ard", recipe=recipe, progress=False)
+    model, likelihood = build_model(x[:60], y[:60], "rbf-ard")  # by hand: 2 iterations on the subset, 3 on all
+    with gpytorch.settings.max_cholesky_size(60):
+        log = warm_start(model, likelihood, 30, iters=2, progress=False)
+        train(model, likelihood, iters=3, progress=False)
+    assert log.iterations <= 2 and result.warm_start_size == 30
+    assert result.hyperparameters == regression.hyperparameters(model)
+
+
+def test_the_conjugate_gradient_path_predicts_from_lazykerns_solve(monkeypatch):
+    """Above ``max_cholesky_size`` the mean's weights are solved once, by ``lazykern.solvers.cg`` to
+    ``eval_cg_tolerance``, which says how it went; ``linear_operator``'s CG does not run, and the
+    prediction is the exact one to the solve's tolerance. At most ``max_cholesky_size`` points it is
+    GPyTorch's, unchanged."""
+    import linear_operator
+
+    x, y = _relevant_two_of(3, 80, 4)
+    model, likelihood = build_model(x[:60], y[:60], "rbf-ard")
+    with settings.engine("torch"), gpytorch.settings.max_cholesky_size(100):
+        exact_mean, _ = regression.predict(model, likelihood, x[60:])
+    linear_cg, calls = linear_operator.utils.linear_cg, []
+    monkeypatch.setattr(linear_operator.utils, "linear_cg", lambda *a, **k: calls.append(1) or linear_cg(*a, **k))
+    solves = []
+    with settings.engine("torch"), gpytorch.settings.max_cholesky_size(10), \
+            gpytorch.settings.eval_cg_tolerance(1e-10):
+        mean, _ = regression.predict(model.train(), likelihood, x[60:], solves.append)
+        again, _ = regression.predict(model, likelihood, x[60:], solves.append)  # the weights are kept
+    assert calls == [] and len(solves) == 1
+    assert solves[0].stalled() is None and solves[0].tolerance == 1e-10 and solves[0].result.iterations > 0
+    torch.testing.assert_close(mean, exact_mean, rtol=1e-7, atol=1e-7)
+    assert torch.equal(mean, again)
+    with settings.engine("torch"), gpytorch.settings.max_cholesky_size(10), \
+            gpytorch.settings.eval_cg_tolerance(1e-10), gpytorch.settings.max_cg_iterations(2):
+        regression.predict(model.train(), likelihood, x[60:], solves.append)
+    assert solves[-1].stalled().startswith("CG stopped after 2 iterations at a relative residual of ")
+    assert solves[-1].stalled().endswith(" (tolerance 1e-10)")

@@ -12,16 +12,17 @@ Usage::
     lazykern --version
 
 The default kernel is :data:`~lazykern.kernel_names.DEFAULT_KERNEL` (``additive-ng``), trained by
-:func:`lazykern.regression.fit_evaluate`'s recipe (``--optimizer``, ``--iters``, ``--lr``,
-``--tolerance``). The report goes to stdout: test RMSE and NLPD next to the mean predictor's (RMSE
+:func:`lazykern.regression.fit_evaluate` with the :class:`~lazykern.regression.Recipe` the flags
+describe (``--optimizer``, ``--iters``, ``--lr``, ``--tolerance``, ``--max-cholesky``,
+``--warm-start``, ``--warm-start-iters``, ``--noise-floor``). The report goes to stdout: test RMSE and NLPD next to the mean predictor's (RMSE
 1.0 in standardized units) and a line of reading where a model does no better than it, the
 optimizer that ran and its loss evaluations, for additive kernels the order shares and the inputs
 with the largest total effects (:func:`lazykern.components.report_lines`; ``--plot FILE`` saves the
 component plot), with ``--compare`` next to lazykern's and GPyTorch's ARD RBF kernels trained on the
 same split. Progress bars, warnings and, with ``--verbose``, KeOps' own messages go to
-stderr, as does a note when a kernel's reductions are compiled before training (the first time only:
-about a second each with lazykern's CPU engine, 5-40 s each with KeOps). ``lazykern precompile``
-compiles them ahead of time for the command's kernels, several at once with ``--jobs``. ``--help``,
+stderr, as does a note when a kernel's reductions are compiled before training (the first time only;
+``docs/performance.rst`` says how long that takes). ``lazykern precompile`` compiles them ahead of
+time for the command's kernels, several at once with ``--jobs``. ``--help``,
 ``--version`` and mistakes in the command are answered before torch, GPyTorch or KeOps is imported;
 a mistake (unknown dataset, missing data folder, split out of range, bad option) prints one line on
 stderr saying what is wrong and how to fix it, and exits with status 2.
@@ -49,10 +50,17 @@ USAGE_ERROR = 2
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lazykern`` console script; returns the exit status.
 
+    Args:
+        argv: the command line without the program's name (default: ``sys.argv[1:]``).
+
+    Returns:
+        0 on success, 1 where ``lazykern precompile`` failed for a configuration, 2 for a mistake in
+        the command line (said in one line on stderr), 130 when interrupted.
+
     Example:
         >>> from lazykern.cli import main
-        >>> main(["demo", "--n-train", "200", "--n-test", "50", "--iters", "5", "--quiet"])  # doctest: +SKIP
-        0
+        >>> main(["demo", "--n-train", "0"])   # a mistake: one line on stderr, status 2
+        2
     """
     out = sys.stdout
     try:

@@ -18,7 +18,15 @@ __all__ = ["check_options", "json_to_stdout"]
 
 
 def json_to_stdout(path: Path | None) -> bool:
-    """Whether ``--json -`` sends the record to stdout (the report then goes to stderr)."""
+    """Whether ``--json -`` sends the record to stdout (the report then goes to stderr, so that stdout
+    carries the JSON alone).
+
+    Example:
+        >>> from pathlib import Path
+        >>> from lazykern.cli.checks import json_to_stdout
+        >>> json_to_stdout(Path("-")), json_to_stdout(Path("out.json")), json_to_stdout(None)
+        (True, False, False)
+    """
     return path is not None and str(path) == "-"
 
 
@@ -56,7 +64,22 @@ def _check_dataset(args: argparse.Namespace) -> None:
 
 
 def check_options(args: argparse.Namespace) -> None:
-    """Mistakes a flag combination makes, found before any data is read or anything trained."""
+    """Mistakes a flag combination makes, found before any data is read or anything trained (and
+    before torch is imported, so that a mistake is answered at once).
+
+    Args:
+        args: the parsed ``uci`` or ``demo`` command line.
+
+    Raises:
+        UsageError: the first mistake, in one line that says how to fix it.
+
+    Example:
+        >>> from lazykern.cli.checks import check_options
+        >>> from lazykern.cli.parser import build_parser
+        >>> check_options(build_parser().parse_args(["demo", "--kernel", "rbf-ard", "--max-degree", "2"]))
+        Traceback (most recent call last):
+        lazykern.cli.parser.UsageError: --max-degree applies to --kernel additive-ng or oak only, not 'rbf-ard'
+    """
     if args.command == "uci":
         _check_dataset(args)
     if args.json is not None and not json_to_stdout(args.json):
@@ -70,6 +93,8 @@ def check_options(args: argparse.Namespace) -> None:
     if args.warm_start is not None and args.warm_start > args.max_cholesky:
         raise UsageError(f"--warm-start {args.warm_start} exceeds --max-cholesky {args.max_cholesky}: the subset's fit "
                          "is exact; use at most that many points")
+    if args.warm_start_iters is not None and args.warm_start is None:
+        raise UsageError("--warm-start-iters applies with --warm-start M only")
     if args.plot is not None:
         if args.kernel not in COMPONENT_KERNELS:
             raise UsageError(f"--plot needs a kernel with additive components ({', '.join(COMPONENT_KERNELS)}), "

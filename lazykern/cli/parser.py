@@ -117,68 +117,80 @@ def _noise_floor(text: str) -> float | str | None:
         raise argparse.ArgumentTypeError(f"expected a positive number, 'ard' or 'none', got {text!r}") from None
 
 
+def _training_options(sub: argparse.ArgumentParser, cpu_n_train: int, gpu_n_train: str) -> None:
+    """The options ``uci`` and ``demo`` share: the kernel, the recipe, the run and its outputs."""
+    sub.add_argument("--kernel", choices=KERNELS, default=DEFAULT_KERNEL,
+                     help=f"covariance (default {DEFAULT_KERNEL}: one-dimensional RBF kernels combined over "
+                     "interaction orders 1..R, one variance per order)")
+    sub.add_argument("--max-degree", type=_positive_int, default=None, metavar="R",
+                     help=f"highest interaction order of {' and '.join(INTERACTION_KERNELS)} "
+                     "(default: all orders, R = d)")
+    sub.add_argument("--projections", type=_positive_int, default=None, metavar="J",
+                     help=f"number of projections of {', '.join(PROJECTED_KERNELS)} "
+                     f"(default: {PROJECTIONS_PER_DIMENSION} per input dimension, J = {PROJECTIONS_PER_DIMENSION}d)")
+    sub.add_argument("--compare", action="store_true",
+                     help=f"also train {' and '.join(COMPARE_KERNELS)} (lazykern's and GPyTorch's ARD RBF) "
+                     "on the same split and report them side by side")
+    sub.add_argument("--n-train", type=_int_at_least(2), default=None, metavar="N",
+                     help=f"training points (default: {gpu_n_train} on a GPU, {cpu_n_train} on a CPU)")
+    sub.add_argument("--optimizer", choices=OPTIMIZERS, default="auto",
+                     help="lbfgs: L-BFGS with a line search (meant for the exact likelihood); adam: Adam, halving "
+                     "its step on plateaus; auto (default): L-BFGS up to --max-cholesky training points, "
+                     "Adam above")
+    sub.add_argument("--iters", type=_positive_int, default=DEFAULT_ITERS, metavar="N",
+                     help=f"most L-BFGS iterations (at most 2N loss evaluations) or Adam steps; training "
+                     f"stops earlier once converged (default {DEFAULT_ITERS})")
+    sub.add_argument("--lr", type=_positive_float, default=None,
+                     help="initial step: default 1 for L-BFGS (its line search adapts it), 0.1 for Adam")
+    sub.add_argument("--tolerance", type=_positive_float, default=None, metavar="T",
+                     help="converged when the loss (nats per training point) changes by less than this per "
+                     "step: between L-BFGS iterations, over Adam's plateau window of 30 steps (default "
+                     f"{TOLERANCES['lbfgs']:.0e} for L-BFGS, {TOLERANCES['adam']:.0e} for Adam)")
+    sub.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                     help="floating point precision (default float32; L-BFGS then finishes in float64, and on a CPU "
+                          "conjugate gradients run in float64)")
+    sub.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                     help="where to run (default: cuda if available, else cpu)")
+    sub.add_argument("--max-cholesky", type=_int_at_least(0), default=CHOLESKY_MAX, metavar="N",
+                     help=f"exact Cholesky solves up to N training points, conjugate gradients on lazy "
+                     f"matvecs above (default {CHOLESKY_MAX})")
+    sub.add_argument("--warm-start", type=_positive_int, default=None, metavar="M",
+                     help="start from hyperparameters fitted exactly (L-BFGS, Cholesky) on a random subset "
+                     "of M of the training points, at most --max-cholesky (default: from the recipe's "
+                     "initialization)")
+    sub.add_argument("--warm-start-iters", type=_positive_int, default=None, metavar="N",
+                     help="most L-BFGS iterations of the --warm-start fit (default: --iters)")
+    sub.add_argument("--noise-floor", type=_noise_floor, default="auto", metavar="V",
+                     help="lower bound of the noise variance (standardized targets) of --kernel's model, for "
+                     "kernels that can explain the noise, such as learned projections; 'ard': the noise ARD "
+                     "RBF fits exactly on 1,000 of the training points (its seconds count as training); "
+                     f"'none': GPyTorch's 1e-4; --compare's models keep 1e-4 (default 'auto': 'ard' for "
+                     f"{', '.join(LEARNED_PROJECTION_KERNELS)}, 'none' for the others)")
+    sub.add_argument("--seed", type=int, default=0, help="seed of subsampling and training (default 0)")
+    sub.add_argument("--json", type=Path, default=None, metavar="PATH",
+                     help="also write the results as JSON ('-': to stdout, the report then goes to stderr)")
+    sub.add_argument("--plot", type=Path, default=None, metavar="FILE",
+                     help=f"save the component plot of an additive kernel ({', '.join(COMPONENT_KERNELS)}): "
+                     f"each input's component with its band, the order and input shares "
+                     f"({', '.join(PLOT_FORMATS)})")
+    sub.add_argument("--quiet", action="store_true", help="no progress bars or compile notes")
+    sub.add_argument("--verbose", action="store_true",
+                     help="show KeOps' own messages, and kernels whose reductions were cached (on stderr)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``lazykern`` parser: its commands ``uci``, ``demo`` and ``precompile`` and their options."""
+    """The ``lazykern`` parser: its commands ``uci``, ``demo`` and ``precompile`` and their options; a
+    mistake raises :class:`UsageError` (one line) instead of argparse's usage block and exit.
+
+    Example:
+        >>> from lazykern.cli.parser import build_parser
+        >>> args = build_parser().parse_args(["uci", "pol", "--warm-start", "500", "--warm-start-iters", "50"])
+        >>> args.dataset, args.warm_start, args.warm_start_iters, args.noise_floor
+        ('pol', 500, 50, 'auto')
+    """
     parser = _Parser(prog="lazykern", description="Exact GP regression with lazy KeOps kernels.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    def common(sub: argparse.ArgumentParser, cpu_n_train: int, gpu_n_train: str) -> None:
-        sub.add_argument("--kernel", choices=KERNELS, default=DEFAULT_KERNEL,
-                         help=f"covariance (default {DEFAULT_KERNEL}: one-dimensional RBF kernels combined over "
-                         "interaction orders 1..R, one variance per order)")
-        sub.add_argument("--max-degree", type=_positive_int, default=None, metavar="R",
-                         help=f"highest interaction order of {' and '.join(INTERACTION_KERNELS)} "
-                         "(default: all orders, R = d)")
-        sub.add_argument("--projections", type=_positive_int, default=None, metavar="J",
-                         help=f"number of projections of {', '.join(PROJECTED_KERNELS)} "
-                         f"(default: {PROJECTIONS_PER_DIMENSION} per input dimension, J = {PROJECTIONS_PER_DIMENSION}d)")
-        sub.add_argument("--compare", action="store_true",
-                         help=f"also train {' and '.join(COMPARE_KERNELS)} (lazykern's and GPyTorch's ARD RBF) "
-                         "on the same split and report them side by side")
-        sub.add_argument("--n-train", type=_int_at_least(2), default=None, metavar="N",
-                         help=f"training points (default: {gpu_n_train} on a GPU, {cpu_n_train} on a CPU)")
-        sub.add_argument("--optimizer", choices=OPTIMIZERS, default="auto",
-                         help="lbfgs: L-BFGS with a line search (meant for the exact likelihood); adam: Adam, halving "
-                         "its step on plateaus; auto (default): L-BFGS up to --max-cholesky training points, "
-                         "Adam above")
-        sub.add_argument("--iters", type=_positive_int, default=DEFAULT_ITERS, metavar="N",
-                         help=f"most L-BFGS iterations (at most 2N loss evaluations) or Adam steps; training "
-                         f"stops earlier once converged (default {DEFAULT_ITERS})")
-        sub.add_argument("--lr", type=_positive_float, default=None,
-                         help="initial step: default 1 for L-BFGS (its line search adapts it), 0.1 for Adam")
-        sub.add_argument("--tolerance", type=_positive_float, default=None, metavar="T",
-                         help="converged when the loss (nats per training point) changes by less than this per "
-                         "step: between L-BFGS iterations, over Adam's plateau window of 30 steps (default "
-                         f"{TOLERANCES['lbfgs']:.0e} for L-BFGS, {TOLERANCES['adam']:.0e} for Adam)")
-        sub.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                         help="floating point precision (default float32; L-BFGS then finishes in float64, and on a CPU "
-                              "conjugate gradients run in float64)")
-        sub.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                         help="where to run (default: cuda if available, else cpu)")
-        sub.add_argument("--max-cholesky", type=_int_at_least(0), default=CHOLESKY_MAX, metavar="N",
-                         help=f"exact Cholesky solves up to N training points, conjugate gradients on lazy "
-                         f"matvecs above (default {CHOLESKY_MAX})")
-        sub.add_argument("--warm-start", type=_positive_int, default=None, metavar="M",
-                         help="start from hyperparameters fitted exactly (L-BFGS, Cholesky) on a random subset "
-                         "of M of the training points, at most --max-cholesky (default: from the recipe's "
-                         "initialization)")
-        sub.add_argument("--noise-floor", type=_noise_floor, default="auto", metavar="V",
-                         help="lower bound of the noise variance (standardized targets) of --kernel's model, for "
-                         "kernels that can explain the noise, such as learned projections; 'ard': the noise ARD "
-                         "RBF fits exactly on 1,000 of the training points (its seconds count as training); "
-                         f"'none': GPyTorch's 1e-4; --compare's models keep 1e-4 (default 'auto': 'ard' for "
-                         f"{', '.join(LEARNED_PROJECTION_KERNELS)}, 'none' for the others)")
-        sub.add_argument("--seed", type=int, default=0, help="seed of subsampling and training (default 0)")
-        sub.add_argument("--json", type=Path, default=None, metavar="PATH",
-                         help="also write the results as JSON ('-': to stdout, the report then goes to stderr)")
-        sub.add_argument("--plot", type=Path, default=None, metavar="FILE",
-                         help=f"save the component plot of an additive kernel ({', '.join(COMPONENT_KERNELS)}): "
-                         f"each input's component with its band, the order and input shares "
-                         f"({', '.join(PLOT_FORMATS)})")
-        sub.add_argument("--quiet", action="store_true", help="no progress bars or compile notes")
-        sub.add_argument("--verbose", action="store_true",
-                         help="show KeOps' own messages, and kernels whose reductions were cached (on stderr)")
 
     uci = commands.add_parser("uci", help="train and evaluate on a UCI dataset",
                               description="Train an exact GP on one split of a UCI dataset and report test "
@@ -187,15 +199,21 @@ def build_parser() -> argparse.ArgumentParser:
     uci.add_argument("dataset", help="dataset name, e.g. pol, elevators, bike, kin40k, protein, keggdirected")
     uci.add_argument("--split", type=_split, default=0, help="standard train/test split, 0-9 (default 0)")
     uci.add_argument("--data-dir", type=Path, default=None, help="folder with one sub-folder per dataset")
-    common(uci, CPU_DEFAULT_N_TRAIN, "all")
+    _training_options(uci, CPU_DEFAULT_N_TRAIN, "all")
 
     demo = commands.add_parser("demo", help="train and evaluate on a synthetic additive problem",
                                description="Train an exact GP on y = sum_j f_j(x_j) + 2.5 x1 x2 + noise, generated "
                                "in code (no files, no network).")
     demo.add_argument("--d", type=_positive_int, default=6, help="input dimensions (default 6)")
     demo.add_argument("--n-test", type=_positive_int, default=500, help="test points (default 500)")
-    common(demo, DEMO_CPU_N_TRAIN, str(DEMO_GPU_N_TRAIN))
+    _training_options(demo, DEMO_CPU_N_TRAIN, str(DEMO_GPU_N_TRAIN))
 
+    _precompile_parser(commands)
+    return parser
+
+
+def _precompile_parser(commands) -> None:
+    """``lazykern precompile`` and its options."""
     pre = commands.add_parser("precompile", help="compile the kernels' reductions ahead of the first run",
                               description="Compile the reductions that training and prediction with the "
                               "command's kernels run, into the cache that later runs read (one line per "
@@ -220,4 +238,3 @@ def build_parser() -> argparse.ArgumentParser:
                      help="compile up to J kernel configurations at once, in separate processes (default 1)")
     pre.add_argument("--quiet", action="store_true", help="no progress lines")
     pre.add_argument("--verbose", action="store_true", help="show KeOps' own messages (on stderr)")
-    return parser

@@ -45,7 +45,16 @@ def _precompile_one(kernel: str, dims: int, dtype: str, device: str, verbose: bo
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    """Run ``lazykern precompile``; returns the exit status (1 when a configuration failed)."""
+    """Run ``lazykern precompile``: compile every (kernel, input dimensions, dtype) configuration the
+    flags name, in ``--jobs`` processes, one line each on stderr and a summary on ``out``.
+
+    Args:
+        args: the parsed command line (:func:`~lazykern.cli.parser.build_parser`).
+        out: where the summary goes.
+
+    Returns:
+        the exit status: 0, or 1 when a configuration failed (said on stderr).
+    """
     kernels = list(dict.fromkeys(args.kernel or LAZYKERN_KERNELS))
     dtypes = list(dict.fromkeys(args.dtype or ["float32", "float64"]))
     dims = list(args.dims or [])

@@ -38,7 +38,19 @@ def _training(record: dict[str, Any]) -> str:
 
 
 def training_notes(record: dict[str, Any]) -> list[str]:
-    """Warnings to print after the report: the iteration limit reached, the recipe stepping in."""
+    """Warnings to print after the report: the recipe stepping in (``interventions``), the iteration
+    limit reached before convergence.
+
+    Args:
+        record: a run's record (:meth:`lazykern.regression.RegressionResult.to_dict`).
+
+    Example:
+        >>> from lazykern.cli.report import training_notes
+        >>> training_notes({"interventions": [], "converged": False, "stop_reason": "iteration limit",
+        ...                 "kernel": "rbf-ard", "iters": 15})  # doctest: +NORMALIZE_WHITESPACE
+        ["warning: training of rbf-ard stopped (iteration limit) before it converged; its results are not the
+         optimum's: raise --iters (now 15)"]
+    """
     notes = [f"note: {step}" for step in record["interventions"]]
     if not record["converged"]:
         notes.append(f"warning: training of {record['kernel']} stopped ({record['stop_reason']}) before it converged; "
@@ -72,7 +84,15 @@ def _readings(record: dict[str, Any], mean_predictor: dict[str, float]) -> list[
 
 
 def results_text(record: dict[str, Any]) -> str:
-    """The first kernel's results: metrics, training, memory, what it learned, hyperparameters."""
+    """The first kernel's results, one item a line: test metrics next to the mean predictor's, in
+    standardized and original units; training (optimizer, iterations, convergence, loss, solver);
+    prediction time; peak memory; what an additive model learned (:func:`lazykern.components.report_lines`);
+    the hyperparameters.
+
+    Args:
+        record: the command's record: a run's fields (:meth:`lazykern.regression.RegressionResult.to_dict`)
+            and ``mean_predictor``.
+    """
     mean = record["mean_predictor"]
     rows = [
         ("test RMSE", f"{record['rmse']:.4f}", f"{record['rmse_original']:.5g}", f"{mean['rmse']:.4f}",
@@ -99,7 +119,25 @@ def results_text(record: dict[str, Any]) -> str:
 
 
 def comparison_text(record: dict[str, Any]) -> str:
-    """The results next to what a user would otherwise get on the same split, as a small table."""
+    """The results next to what a user would otherwise get on the same split, as a small table: the
+    mean predictor, the run, and ``--compare``'s kernels (``record["compare"]``), with a line of
+    reading for each that does no better than the mean predictor.
+
+    Args:
+        record: the command's record: a run's fields, ``mean_predictor`` and optionally ``compare``.
+
+    Example:
+        >>> from lazykern.cli.report import comparison_text
+        >>> mean = {"rmse": 1.0, "nlpd": 1.42}
+        >>> print(comparison_text({"kernel": "oak", "rmse": 0.3, "nlpd": 0.2, "train_seconds": 4.0,
+        ...                        "mean_predictor": mean}))  # doctest: +NORMALIZE_WHITESPACE
+        same split, test metrics in standardized units (lower is better):
+          model                             RMSE     NLPD    train
+          mean predictor                  1.0000   1.4200        -
+          oak (this run)                  0.3000   0.2000     4.0s
+          (mean predictor: the training mean and variance, RMSE 1 by construction up to sampling)
+          (--compare also trains rbf-ard and gpytorch-rbf-ard on this split)
+    """
     names = {"gpytorch-rbf-ard": "gpytorch-rbf-ard (GPyTorch)", record["kernel"]: f"{record['kernel']} (this run)"}
     width = max(30, *(len(name) + 2 for name in names.values()))
     lines = [

@@ -16,7 +16,13 @@ __all__ = ["library_output", "resolve_device"]
 
 @contextlib.contextmanager
 def library_output(verbose: bool) -> Iterator[None]:
-    """Send what KeOps and other libraries print to stderr (``verbose``) or nowhere."""
+    """Within the block, send what KeOps and other libraries print to stderr (``verbose``) or nowhere.
+
+    Example:
+        >>> from lazykern.cli.runtime import library_output
+        >>> with library_output(verbose=False):
+        ...     print("a library's notice")   # not on stdout
+    """
     # KeOps prints its CUDA status when it is imported and a notice whenever it compiles a formula
     # (to stderr, lazykern.keops.messages). stdout carries the command's report alone (it is read,
     # piped and parsed), so library output goes to stderr with --verbose and nowhere otherwise.
@@ -29,7 +35,14 @@ def library_output(verbose: bool) -> Iterator[None]:
 
 
 def resolve_device(choice: str):
-    """The torch device of ``--device`` (``auto``: CUDA where available); CUDA asked for but absent is a usage error."""
+    """The torch device of ``--device`` (``auto``: CUDA where available); CUDA asked for but absent is a
+    usage error.
+
+    Example:
+        >>> from lazykern.cli.runtime import resolve_device
+        >>> resolve_device("cpu")
+        device(type='cpu')
+    """
     import torch
 
     if choice == "auto":

@@ -9,13 +9,17 @@ import argparse
 import json
 import math
 import sys
-from typing import TextIO
+from dataclasses import replace
+from typing import TYPE_CHECKING, TextIO
 
 from ..kernel_names import COMPARE_KERNELS, GPYTORCH_KERNELS
 from .checks import check_options, json_to_stdout
 from .parser import COMPILE_TIMES, CPU_DEFAULT_N_TRAIN, DEMO_CPU_N_TRAIN, DEMO_GPU_N_TRAIN, UsageError
 from .report import comparison_text, results_text, training_notes
 from .runtime import resolve_device
+
+if TYPE_CHECKING:  # imported with torch, once the options have been checked
+    from ..regression import Recipe
 
 __all__ = ["run"]
 
@@ -82,15 +86,39 @@ def _warm_up(kernel: str, max_degree: int | None, num_projections: int | None, d
         print(f"{kernel}: reductions cached ({cached} loaded in {seconds:.1f} s)", file=sys.stderr, flush=True)
 
 
+def _recipe(args: argparse.Namespace) -> Recipe:
+    """The :class:`~lazykern.regression.Recipe` the flags describe (``--noise-floor`` for ``--kernel``'s
+    model: ``--compare``'s models keep GPyTorch's bound)."""
+    from ..regression import NoiseFloor, Recipe
+
+    return Recipe(optimizer=args.optimizer, iters=args.iters, lr=args.lr, tolerance=args.tolerance,
+                  warm_start_size=args.warm_start, warm_start_iters=args.warm_start_iters,
+                  max_cholesky_size=args.max_cholesky, noise_floor=NoiseFloor(args.noise_floor))
+
+
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    """Run ``lazykern uci`` or ``lazykern demo``; returns the exit status."""
+    """Run ``lazykern uci`` or ``lazykern demo``: load the data, train and evaluate ``--kernel`` (and
+    ``--compare``'s kernels) with the flags' :class:`~lazykern.regression.Recipe`, write the report
+    to ``out`` (stderr with ``--json -``) and the plot and JSON where asked.
+
+    Args:
+        args: the parsed command line (:func:`~lazykern.cli.parser.build_parser`).
+        out: where the report (or, with ``--json -``, the record) goes.
+
+    Returns:
+        the exit status, 0.
+
+    Raises:
+        UsageError: a mistake in the command found before training (one line).
+    """
     check_options(args)  # before torch is imported: a mistake is answered at once
 
     import torch
 
     from ..components import plot_components
-    from ..regression import fit_evaluate, gaussian_metrics
+    from ..regression import NoiseFloor, fit_evaluate, gaussian_metrics
 
+    recipe = _recipe(args)
     report = sys.stderr if json_to_stdout(args.json) else out
     device = resolve_device(args.device)
     dtype = getattr(torch, args.dtype)
@@ -110,11 +138,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             _warm_up(kernel, max_degree, num_projections, data, device, dtype, args)
         torch.manual_seed(args.seed)
         results.append(fit_evaluate(data.train_x, data.train_y, data.test_x, data.test_y, kernel=kernel,
-                                    max_degree=max_degree, num_projections=num_projections, iters=args.iters, lr=args.lr,
-                                    optimizer=args.optimizer, tolerance=args.tolerance, y_scale=data.y_std,
-                                    max_cholesky_size=args.max_cholesky, warm_start_size=args.warm_start,
-                                    noise_floor=args.noise_floor if i == 0 else None,
-                                    progress=not args.quiet))
+                                    max_degree=max_degree, num_projections=num_projections,
+                                    recipe=recipe if i == 0 else replace(recipe, noise_floor=NoiseFloor(None)),
+                                    y_scale=data.y_std, progress=not args.quiet))
     # The training mean and variance are 0 and 1 in standardized units, by construction.
     rmse, nlpd = gaussian_metrics(torch.zeros_like(data.test_y), torch.ones_like(data.test_y), data.test_y)
     mean_predictor = {"rmse": rmse, "nlpd": nlpd, "rmse_original": rmse * data.y_std,

@@ -65,8 +65,8 @@ training inputs, of the order's posterior-mean term
 (one batched lazy reduction, R times the cost of a matvec): not a Sobol index. The first-order share of
 dimension d is that of :math:`f_d(x_{id})` on the same scale. Above
 :data:`~lazykern.components.analysis.SHARE_POINTS` training inputs the variances are taken over that
-many evenly spaced ones (each :math:`m_r(x_i)` still sums over all :math:`j`): with all 26 orders of pol at N = 2000 the reduction cost 26 full kernel passes, more
-than a tenth of the training time of ``lazykern uci``.
+many evenly spaced ones (each :math:`m_r(x_i)` still sums over all :math:`j`), as R orders over all N
+points cost R full kernel passes, a noticeable part of a run's training time (``docs/interactions.rst``).
 
 **Total effects for Newton–Girard: Monte Carlo (pick-freeze).** The terms of the kernel that contain
 input i (:math:`s_i\, \partial k / \partial s_i`, the elementary symmetric polynomials being linear in

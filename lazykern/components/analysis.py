@@ -242,8 +242,8 @@ def _total_effects(model, kernel, x: Tensor, alpha: Tensor, totals: Tensor, s: i
 
 def _sobol(kernel: OrthogonalAdditiveKernel, outer, x: Tensor, alpha: Tensor):
     # in float64: the L2(p) inner products hold exponentials of an input's squared distance from the
-    # measure in lengthscales, which overflow float32 for an outlier (pol has inputs 14 standard
-    # deviations out: every share came out NaN)
+    # measure in lengthscales, which overflow float32 for an outlier (every share came out NaN on UCI
+    # data, docs/interactions.rst)
     d, r, dtype = kernel.num_dims, kernel.max_degree, x.dtype
     x, alpha, outer = x.double(), alpha.double(), torch.as_tensor(outer).double()
     features = orthogonal_rbf_l2_features(x, kernel.base_kernel.lengthscale.double(), kernel.measure_mean.double(),
@@ -286,8 +286,14 @@ def summary(analysis: ComponentAnalysis) -> dict[str, Any]:
         ``total_effects`` are listed by).
 
     Example:
-        >>> sorted(summary(result))  # doctest: +SKIP
-        ['analysis_kind', 'component_axes', 'dimension_shares', 'order_shares', 'total_effects', 'total_effects_kind', 'total_effects_se']
+        >>> import torch
+        >>> from lazykern.components import component_analysis, summary
+        >>> from lazykern.regression import build_model
+        >>> x = torch.randn(60, 2, dtype=torch.float64)
+        >>> model, _ = build_model(x, torch.sin(x[:, 0]), "additive-rbf")
+        >>> sorted(summary(component_analysis(model)))  # doctest: +NORMALIZE_WHITESPACE
+        ['analysis_kind', 'component_axes', 'dimension_shares', 'order_shares', 'total_effects',
+         'total_effects_kind', 'total_effects_se']
     """
     errors = analysis.total_effects_se
     return {"order_shares": analysis.order_shares.tolist(), "dimension_shares": analysis.dimension_shares.tolist(),

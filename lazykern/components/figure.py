@@ -58,14 +58,19 @@ def plot_components(
         The path written.
 
     Example:
-        >>> plot_components(result, "components.png", title="pol")  # doctest: +SKIP
+        >>> import tempfile, torch
+        >>> from lazykern.components import component_analysis, plot_components
+        >>> from lazykern.regression import build_model
+        >>> x = torch.randn(60, 2, dtype=torch.float64)
+        >>> model, _ = build_model(x, torch.sin(x[:, 0]), "additive-rbf")
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     plot_components(component_analysis(model), f"{folder}/components.png", title="toy").stat().st_size > 0
+        True
     """
     try:
         import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.lines
-        import matplotlib.ticker
         import matplotlib.pyplot as plt
     except ImportError as err:  # pragma: no cover - matplotlib ships with the dev extra
         raise ImportError("plot_components needs matplotlib: pip install matplotlib") from err
@@ -73,7 +78,31 @@ def plot_components(
     if not path.parent.resolve().is_dir():
         raise ValueError(f"path {path}: folder {path.parent} does not exist")
     check_positive_int("max_panels", max_panels)
-    d = analysis.grid.shape[1]
+    names, x_mean, x_std, x_units, y_units = _labels(analysis.grid.shape[1], names, x_mean, x_std, x_units, y_mean,
+                                                     y_std, y_units)
+    order = analysis.ranking()[:max_panels]
+    cols = max(2, min(4, len(order)))
+    rows = math.ceil(len(order) / cols)
+    fig = plt.figure(figsize=(3.4 * cols, 2.8 * rows + 3.2))
+    layout = fig.add_gridspec(rows + 1, 2 * cols, height_ratios=[2.8] * rows + [3.0])
+    handles, labels = _component_panels(fig, layout, analysis, order, cols, names, x_mean, x_std, x_units, y_std,
+                                        y_units)
+    _share_panels(fig, layout, analysis, rows, cols, names)
+    offset = y_mean + (analysis.constant + float(analysis.offsets.sum())) * y_std
+    heading = f"{title}\n" if title else ""
+    fig.suptitle(f"{heading}first-order components, centred on their training-input average "
+                 f"(offset removed: {offset:.4g} {y_units})", fontsize=10)
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _labels(d: int, names: Sequence[str] | None, x_mean: Tensor | None, x_std: Tensor | None,
+            x_units: str | Sequence[str] | None, y_mean: float, y_std: float, y_units: str | None):
+    """:func:`plot_components`' names, input statistics and units, defaults filled in and checked
+    against the ``d`` inputs."""
     names = list(names) if names is not None else [f"x{k}" for k in range(d)]
     if len(names) != d:
         raise ValueError(f"names has {len(names)} entries for {d} dimensions")
@@ -84,11 +113,15 @@ def plot_components(
     y_units = y_units or ("original units" if y_std != 1.0 or y_mean != 0.0 else "standardized")
     x_mean = torch.zeros(d) if x_mean is None else x_mean.detach().cpu().reshape(d)
     x_std = torch.ones(d) if x_std is None else x_std.detach().cpu().reshape(d)
-    order = analysis.ranking()[:max_panels]
-    cols = max(2, min(4, len(order)))
-    rows = math.ceil(len(order) / cols)
-    fig = plt.figure(figsize=(3.4 * cols, 2.8 * rows + 3.2))
-    layout = fig.add_gridspec(rows + 1, 2 * cols, height_ratios=[2.8] * rows + [3.0])
+    return names, x_mean, x_std, x_units, y_units
+
+
+def _component_panels(fig, layout, analysis: ComponentAnalysis, order: list[int], cols: int, names: list[str],
+                      x_mean: Tensor, x_std: Tensor, x_units: Sequence[str], y_std: float, y_units: str):
+    """One panel per input of ``order``: its centred component with its band and a rug of the
+    training inputs; returns the legend's handles and labels."""
+    import matplotlib.lines
+
     grid, mean = analysis.grid.detach().cpu(), analysis.mean.detach().cpu() * y_std
     std = None if analysis.variance is None else analysis.variance.detach().cpu().sqrt() * y_std
     train = analysis.train_x.detach().cpu()
@@ -113,6 +146,15 @@ def plot_components(
     # the rug's own marks are faint (thousands overlap): the legend gets an opaque one
     handles.append(matplotlib.lines.Line2D([], [], color="k", marker="|", ls="", ms=8))
     labels.append("training inputs")
+    return handles, labels
+
+
+def _share_panels(fig, layout, analysis: ComponentAnalysis, rows: int, cols: int, names: list[str]) -> None:
+    """The bottom row: the order shares, and every input's total effect and first-order share."""
+    import matplotlib.ticker
+
+    d = analysis.grid.shape[1]
+    totals, firsts = analysis.total_effects.detach().cpu(), analysis.dimension_shares.detach().cpu()
     bars = fig.add_subplot(layout[rows, :cols])
     shares = analysis.order_shares.detach().cpu()
     bars.bar(range(1, len(shares) + 1), shares, color="C1")
@@ -135,12 +177,3 @@ def plot_components(
     effects.set_xticks(at, [names[k] for k in ranked], rotation=90 if d > 8 else 0, fontsize=7)
     effects.tick_params(axis="y", labelsize=7)
     effects.legend(fontsize=7)
-    offset = y_mean + (analysis.constant + float(analysis.offsets.sum())) * y_std
-    heading = f"{title}\n" if title else ""
-    fig.suptitle(f"{heading}first-order components, centred on their training-input average "
-                 f"(offset removed: {offset:.4g} {y_units})", fontsize=10)
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

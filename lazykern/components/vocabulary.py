@@ -22,5 +22,16 @@ TOTAL_EFFECT_MEANING = {
 
 
 def ranking(totals: Sequence[float], firsts: Sequence[float]) -> list[int]:
-    """Input indices by decreasing total effect, ties broken by the larger first-order share."""
+    """Input indices by decreasing total effect, ties broken by the larger first-order share: the
+    order in which the report and the figure list the inputs.
+
+    Args:
+        totals: each input's total effect.
+        firsts: each input's first-order share.
+
+    Example:
+        >>> from lazykern.components.vocabulary import ranking
+        >>> ranking([0.2, 0.5, 0.5], [0.1, 0.0, 0.3])
+        [2, 1, 0]
+    """
     return sorted(range(len(totals)), key=lambda k: (-totals[k], -firsts[k]))

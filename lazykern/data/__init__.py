@@ -5,8 +5,9 @@ The names below are imported on first use (PEP 562): the ``lazykern`` command re
 dataset name, folder and size before anything imports torch.
 
 Example:
-    >>> from lazykern.data import load_uci
-    >>> data = load_uci("pol", split=0, n_train=2000)  # doctest: +SKIP
+    >>> from lazykern.data import DATASETS, synthetic_additive
+    >>> "pol" in DATASETS, synthetic_additive(n_train=20, n_test=5).name
+    (True, 'synthetic-additive')
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ What is checked, and why:
 - the split has at least :data:`MIN_TRAINING_POINTS` training points and one test point, its
   training targets vary and its training inputs are not all one point.
 
-Repeated points are accepted otherwise: real datasets hold many (keggdirected repeats two thirds of
-its rows), and an exact GP with a noise term fits them.
+Repeated points are accepted otherwise: real datasets hold many (``docs/uci.rst``, "What the loader
+checks"), and an exact GP with a noise term fits them.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import torch
 
 from ..validation import check_positive_int
 from .checks import MIN_TRAINING_POINTS
-from .uci import UCISplit
+from .uci import UCISplit, split_of_arrays
 
 __all__ = ["synthetic_additive"]
 
@@ -87,19 +87,5 @@ def synthetic_additive(
     x_mean, x_std = x[:n_train].mean(0), x[:n_train].std(0)
     y_mean, y_std = y[:n_train].mean(), y[:n_train].std()
     x, y = (x - x_mean) / x_std, (y - y_mean) / y_std
-
-    def tensor(a: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=device)
-
-    return UCISplit(
-        name="synthetic-additive",
-        split=0,
-        train_x=tensor(x[:n_train]),
-        train_y=tensor(y[:n_train]),
-        test_x=tensor(x[n_train:]),
-        test_y=tensor(y[n_train:]),
-        x_mean=tensor(x_mean),
-        x_std=tensor(x_std),
-        y_mean=float(y_mean),
-        y_std=float(y_std),
-    )
+    return split_of_arrays("synthetic-additive", 0, x[:n_train], y[:n_train], x[n_train:], y[n_train:],
+                           (x_mean, x_std, y_mean, y_std), dtype, device)

@@ -84,10 +84,12 @@ class UCISplit:
         y_std: training target standard deviation :math:`\sigma_y`.
 
     Example:
-        >>> from lazykern.data import load_uci
-        >>> data = load_uci("pol", split=0, n_train=500)  # doctest: +SKIP
-        >>> data.train_x.shape, data.test_x.shape  # doctest: +SKIP
-        (torch.Size([500, 26]), torch.Size([1500, 26]))
+        >>> from lazykern.data import synthetic_additive
+        >>> data = synthetic_additive(n_train=50, n_test=10, d=3)
+        >>> data.train_x.shape, data.test_x.shape, data.d
+        (torch.Size([50, 3]), torch.Size([10, 3]), 3)
+        >>> bool(abs(data.y_to_original(data.train_y).mean() - data.y_mean) < 1e-9)
+        True
     """
 
     name: str
@@ -119,6 +121,21 @@ class UCISplit:
     def y_to_original(self, y: Tensor) -> Tensor:
         r"""Standardized targets or predictions back in original units, :math:`\sigma_y y + \mu_y`."""
         return y * self.y_std + self.y_mean
+
+
+def split_of_arrays(name: str, split: int, train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray,
+                    test_y: np.ndarray, statistics: tuple[np.ndarray, np.ndarray, float, float], dtype: torch.dtype,
+                    device: str | torch.device) -> UCISplit:
+    """A :class:`UCISplit` of standardized NumPy arrays, as tensors of ``dtype`` on ``device``;
+    ``statistics`` are the training ``(x_mean, x_std, y_mean, y_std)``."""
+
+    def tensor(a: np.ndarray) -> Tensor:
+        return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=device)
+
+    x_mean, x_std, y_mean, y_std = statistics
+    return UCISplit(name=name, split=split, train_x=tensor(train_x), train_y=tensor(train_y), test_x=tensor(test_x),
+                    test_y=tensor(test_y), x_mean=tensor(x_mean), x_std=tensor(x_std), y_mean=float(y_mean),
+                    y_std=float(y_std))
 
 
 def _check_name(name: object) -> str:
@@ -222,9 +239,14 @@ def locate_uci(name: str, data_dir: str | os.PathLike | None = None, *, progress
         progress: show a progress bar (on stderr) if the dataset has to be downloaded.
 
     Example:
+        >>> import pathlib, tempfile
         >>> from lazykern.data import locate_uci
-        >>> locate_uci("pol", "/data/uci")  # doctest: +SKIP
-        PosixPath('/data/uci/pol')
+        >>> root = pathlib.Path(tempfile.mkdtemp()); (root / "toy").mkdir()
+        >>> for name in ("data.csv.gz", "test_mask.csv.gz"):
+        ...     _ = (root / "toy" / name).write_bytes(b"")
+        >>> locate_uci("toy", root) == root / "toy"
+        True
+        >>> import shutil; shutil.rmtree(root)
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a str (a dataset name such as 'pol'), got {type(name).__name__}")
@@ -252,11 +274,42 @@ def locate_uci(name: str, data_dir: str | os.PathLike | None = None, *, progress
 def _standardize(train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mean = train.mean(axis=0)
     # A column whose training values are all equal carries no information: divide it by 1. Its std is
-    # 0 only up to the rounding of the mean (1e-24 for elevators' columns 14 and 16, constant in every
-    # training subset but for 3 of 16,599 rows), and dividing by that made a test value 1e-4 away a
-    # standardized 1e20, where OAK's predictive variance overflowed to inf.
+    # 0 only up to the rounding of the mean, and dividing by that rounding makes a test value a little
+    # away an enormous standardized one (docs/uci.rst, "Training that does not fail").
     constant = (train == train[:1]).all(axis=0)
     return mean, np.where(constant, 1.0, train.std(axis=0))
+
+
+def _checked_arguments(split: int, n_train: int | None, seed: int, dtype: torch.dtype,
+                       device: str | torch.device) -> torch.device:
+    """:func:`load_uci`'s arguments checked before any file is read; returns the device."""
+    if isinstance(split, bool) or not isinstance(split, int) or not 0 <= split < NUM_SPLITS:
+        raise ValueError(f"split must be an int in 0..{NUM_SPLITS - 1}, got {split!r}")
+    if n_train is not None and (
+        isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < MIN_TRAINING_POINTS
+    ):
+        raise ValueError(f"n_train must be a positive int of at least {MIN_TRAINING_POINTS} (standardizing divides by "
+                         f"the training points' spread) or None (all training points), got {n_train!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {seed!r}")
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda', got {device!r}") from err
+    return device
+
+
+def _training_rows(rows: np.ndarray, n_train: int | None, seed: int, what: str) -> np.ndarray:
+    """The split's training ``rows``, or ``n_train`` of them drawn without replacement with ``seed``
+    and kept in file order."""
+    if n_train is None:
+        return rows
+    if n_train > rows.size:
+        raise ValueError(f"n_train={n_train} exceeds the {rows.size} training points of {what}")
+    chosen = np.random.default_rng(seed).choice(rows.size, size=n_train, replace=False)
+    return rows[np.sort(chosen)]
 
 
 def load_uci(
@@ -299,57 +352,31 @@ def load_uci(
         DownloadError: the dataset had to be downloaded and could not be.
 
     Example:
-        >>> import torch
+        A folder of the layout with 20 points, 5 of them test points in every split:
+
+        >>> import gzip, pathlib, tempfile, numpy as np, torch
         >>> from lazykern.data import load_uci
-        >>> data = load_uci("pol", n_train=2000, dtype=torch.float32)  # doctest: +SKIP
-        >>> float(data.train_y.mean()), float(data.train_y.std(unbiased=False))  # doctest: +SKIP
-        (0.0, 1.0)
+        >>> root = pathlib.Path(tempfile.mkdtemp()); (root / "toy").mkdir()
+        >>> mask = np.zeros((20, 10), dtype=int); mask[:5] = 1
+        >>> for name, table, fmt in (("data.csv.gz", np.random.default_rng(0).normal(size=(20, 3)), "%.6f"),
+        ...                          ("test_mask.csv.gz", mask, "%d")):
+        ...     with gzip.open(root / "toy" / name, "wt") as f:
+        ...         np.savetxt(f, table, delimiter=",", fmt=fmt)
+        >>> data = load_uci("toy", n_train=12, dtype=torch.float32, data_dir=root)
+        >>> data.n_train, data.n_test, data.d, abs(float(data.train_y.mean())) < 1e-6
+        (12, 5, 2, True)
+        >>> import shutil; shutil.rmtree(root)
     """
-    if isinstance(split, bool) or not isinstance(split, int) or not 0 <= split < NUM_SPLITS:
-        raise ValueError(f"split must be an int in 0..{NUM_SPLITS - 1}, got {split!r}")
-    if n_train is not None and (
-        isinstance(n_train, bool) or not isinstance(n_train, int) or n_train < MIN_TRAINING_POINTS
-    ):
-        raise ValueError(f"n_train must be a positive int of at least {MIN_TRAINING_POINTS} (standardizing divides by "
-                         f"the training points' spread) or None (all training points), got {n_train!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {seed!r}")
-    if dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda', got {device!r}") from err
+    device = _checked_arguments(split, n_train, seed, dtype, device)
 
     folder = locate_uci(name, data_dir, progress=progress)
     data, test_mask = read_dataset(folder)
     test = test_mask[:, split]
     check_split(folder, test, split)
-    train_rows = np.flatnonzero(~test)
-    if n_train is not None:
-        if n_train > train_rows.size:
-            raise ValueError(
-                f"n_train={n_train} exceeds the {train_rows.size} training points of {name} split {split}"
-            )
-        chosen = np.random.default_rng(seed).choice(train_rows.size, size=n_train, replace=False)
-        train_rows = train_rows[np.sort(chosen)]
+    train_rows = _training_rows(np.flatnonzero(~test), n_train, seed, f"{name} split {split}")
     check_training(folder, data, train_rows, split, subset=n_train is not None)
     train, test_data = data[train_rows], data[test]
     mean, std = _standardize(train)
     train, test_data = (train - mean) / std, (test_data - mean) / std
-
-    def tensor(a: np.ndarray) -> Tensor:
-        return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=device)
-
-    return UCISplit(
-        name=name,
-        split=split,
-        train_x=tensor(train[:, :-1]),
-        train_y=tensor(train[:, -1]),
-        test_x=tensor(test_data[:, :-1]),
-        test_y=tensor(test_data[:, -1]),
-        x_mean=tensor(mean[:-1]),
-        x_std=tensor(std[:-1]),
-        y_mean=float(mean[-1]),
-        y_std=float(std[-1]),
-    )
+    return split_of_arrays(name, split, train[:, :-1], train[:, -1], test_data[:, :-1], test_data[:, -1],
+                           (mean[:-1], std[:-1], float(mean[-1]), float(std[-1])), dtype, device)

@@ -26,6 +26,7 @@ from torch import nn
 
 from .. import backend
 from ..formulas.ntk import NTKFormula, NTKPart
+from ..timing import synchronize
 
 __all__ = ["Rates", "measured_rates", "synchronize"]
 
@@ -41,27 +42,6 @@ class Rates:
 
 _cache: dict[tuple, Rates] = {}
 _lock = threading.Lock()
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the work queued on ``device`` (CUDA kernels run asynchronously), so that a wall
-    clock read next measures it; nothing to wait for on a CPU. The NTK's timings (the rate probes
-    here, the tile and backward-way timings) go through it, and so can any caller that times device
-    work.
-
-    Args:
-        device: the device whose queue to drain.
-
-    Example:
-        >>> import time, torch
-        >>> start = time.perf_counter()
-        >>> _ = torch.ones(100, 100) @ torch.ones(100, 100)
-        >>> synchronize(torch.device("cpu"))
-        >>> time.perf_counter() - start < 60
-        True
-    """
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _rate(work: float, fn: Callable[[], object], device: torch.device) -> float:

@@ -24,25 +24,25 @@ from ..kernel_names import INTERACTION_KERNELS, KERNELS, PROJECTED_KERNELS, defa
 from ..validation import check_floating_matrix, check_positive_int, check_positive_number
 
 __all__ = ["DEFAULT_MAX_DEGREE", "DISCRETE_FLOOR", "DISCRETE_MAX_LEVELS", "INITIAL_NOISE", "TOP_ORDER_SHARE",
-           "ExactGPRegressor", "build_model", "discrete_columns", "floor_discrete_lengthscales", "initialize",
-           "make_kernel"]
+           "ExactGPRegressor", "build_model", "discrete_columns", "floor_discrete_lengthscales", "hyperparameters",
+           "initialize", "make_kernel"]
 
 
 DEFAULT_MAX_DEGREE: int | None = None
 """Highest interaction order of ``additive-ng`` and ``oak`` unless ``max_degree`` says otherwise;
 ``None``: every order up to the number of dimensions d (Duvenaud et al.'s model, and GPyTorch's
-default), so that ``additive-ng`` contains the ARD kernel as its top order. Measured on kin40k
-(1,000 points, d = 8): orders 1..4 end at a training loss of 0.84 (test RMSE 0.42), all 8 orders at
-0.55. Costs D R multiply-adds per pair, against D exponentials for an ARD kernel."""
+default), so that ``additive-ng`` contains the ARD kernel as its top order and fits data whose
+function is not additive; fewer orders fit kin40k worse (``docs/uci.rst``, "The recipe's choices").
+Costs D R multiply-adds per pair, against D exponentials for an ARD kernel."""
 
 INITIAL_NOISE = 0.01
-"""Noise variance at the start of training, 1% of the variance of the standardized targets. Measured on
-pumadyn32nm (1,500 points, ARD RBF, L-BFGS): from GPyTorch's default 0.69, or from 0.1, training
-converges to the mean predictor (outputscale 1e-5, noise 1.0); from 0.01 it finds the fit."""
+"""Noise variance at the start of training, 1% of the variance of the standardized targets: from a
+start that calls most of the targets' variance noise, training can settle at the mean predictor
+(all noise), where from this one it finds the fit (``docs/uci.rst``, "The recipe's choices")."""
 #: Share of a Newton–Girard kernel's initial variance on its top order (see :func:`initialize`).
 TOP_ORDER_SHARE = 0.9
-#: Most distinct values of a column taken as binary or categorical (:func:`discrete_columns`):
-#: UCI bike's month has 12, its season and weather 4, its weekday 7, its hour (24) is continuous.
+#: Most distinct values of a column taken as binary or categorical (:func:`discrete_columns`): the
+#: months of a year are categories, the hours of a day a continuous input (``docs/uci.rst``).
 DISCRETE_MAX_LEVELS = 12
 #: Lengthscale floor of a binary or categorical input, as a fraction of the smallest gap between its
 #: values (:func:`floor_discrete_lengthscales`).
@@ -108,29 +108,32 @@ def make_kernel(name: str, num_dims: int, max_degree: int | None = None, num_pro
         return lazy_kernels.NewtonGirardAdditiveKernel(lazy_kernels.RBFKernel(ard_num_dims=num_dims), num_dims, degree)
     if max_degree is not None:
         raise ValueError(f"max_degree applies to the {' and '.join(INTERACTION_KERNELS)} kernels only, not {name!r}")
+    return ScaleKernel(_scaled_base(name, num_dims, num_projections))
+
+
+def _scaled_base(name: str, num_dims: int, num_projections: int | None) -> Kernel:
+    """The kernel inside the ``ScaleKernel`` of a named kernel without interaction orders."""
     if name == "additive-rbf":
-        base = lazy_kernels.AdditiveStructureKernel(
+        return lazy_kernels.AdditiveStructureKernel(
             lazy_kernels.RBFKernel(ard_num_dims=num_dims), num_dims=num_dims, component_scales=True
         )
-    elif name == "additive-matern52":
-        base = lazy_kernels.AdditiveStructureKernel(
+    if name == "additive-matern52":
+        return lazy_kernels.AdditiveStructureKernel(
             lazy_kernels.MaternKernel(nu=2.5, ard_num_dims=num_dims), num_dims=num_dims, component_scales=True
         )
-    elif name in PROJECTED_KERNELS:
+    if name in PROJECTED_KERNELS:
         learned = name.endswith("-learned")
         construction, family = name.removesuffix("-learned").split("-")
         one_dimensional = lazy_kernels.RBFKernel() if family == "rbf" else lazy_kernels.MaternKernel(nu=2.5)
         one_dimensional.raw_lengthscale.requires_grad_(False)
         count = default_num_projections(num_dims) if num_projections is None else num_projections
-        base = lazy_kernels.ProjectedAdditiveKernel(one_dimensional, num_dims, count, projections=construction,
+        return lazy_kernels.ProjectedAdditiveKernel(one_dimensional, num_dims, count, projections=construction,
                                                     learn_projections=learned, input_lengthscales=not learned)
-    elif name == "rbf-ard":
-        base = lazy_kernels.RBFKernel(ard_num_dims=num_dims)
-    elif name == "matern52-ard":
-        base = lazy_kernels.MaternKernel(nu=2.5, ard_num_dims=num_dims)
-    else:
-        base = gpytorch.kernels.RBFKernel(ard_num_dims=num_dims)
-    return ScaleKernel(base)
+    if name == "rbf-ard":
+        return lazy_kernels.RBFKernel(ard_num_dims=num_dims)
+    if name == "matern52-ard":
+        return lazy_kernels.MaternKernel(nu=2.5, ard_num_dims=num_dims)
+    return gpytorch.kernels.RBFKernel(ard_num_dims=num_dims)
 
 
 class ExactGPRegressor(gpytorch.models.ExactGP):
@@ -174,9 +177,9 @@ def build_model(
     :data:`INITIAL_NOISE`, or that much above ``noise_floor`` (its lower bound; GPyTorch's is 1e-4).
 
     A floor keeps a flexible kernel from explaining the noise: learned projections (:math:`dJ` direction
-    parameters, as many as the training points) drove the noise of UCI pol to GPyTorch's bound and
-    predicted worse than with it held at ARD RBF's (``docs/projected.rst``; the noise ARD fits on a
-    subset is :func:`~lazykern.regression.ard_scaled_directions` ``(..., return_noise=True)``).
+    parameters, as many as the training points) drive the noise to GPyTorch's bound and predict worse
+    than with it held at ARD RBF's (``docs/projected.rst``, "Bounding the noise"; the floor a recipe
+    takes is :class:`~lazykern.regression.NoiseFloor`).
 
     Args:
         train_x: ``(n, d)`` float32/float64 training inputs.
@@ -228,13 +231,9 @@ def initialize(kernel: Kernel, num_dims: int) -> None:
     order and the rest spread evenly over the lower ones: with all orders (:math:`R = d`) mostly
     the ARD RBF kernel at ARD's own initialization, plus some of every lower order, so training
     starts near where ARD's does and moves variance down where the data is additive. With equal
-    order variances (the kernel's default) the likelihood was flat towards the interactions on UCI
-    pumadyn32nm: L-BFGS stopped after 4 evaluations at the mean predictor (test RMSE 1.02, ARD
-    0.22). Measured on split 0 (float32; 1,500 points for pumadyn32nm, 1,000 for the others),
-    test RMSE from equal variances / 0.9 on the top order / 0.99 on it: pumadyn32nm 1.02 / 0.218 /
-    0.218 (ARD 0.224), pol 0.151 / 0.153 / 0.156 (ARD 0.160), keggdirected 0.108 / 0.111 / 0.104
-    (ARD 0.101). 0.99 made the float32 demo's line search step into a matrix that was not
-    positive definite; 0.9 did not.
+    order variances (the kernel's default) the likelihood can be flat towards the interactions, and
+    L-BFGS stop at the mean predictor; a share much closer to 1 leaves float32 line searches little
+    room before the matrix stops being positive definite (``docs/uci.rst``, "The recipe's choices").
 
     Args:
         kernel: the covariance module (e.g. from :func:`make_kernel`).
@@ -298,8 +297,8 @@ def floor_discrete_lengthscales(kernel: Kernel, train_x: Tensor) -> dict[int, fl
     An input with a few values shows the likelihood the kernel at distances 0 and multiples of
     :math:`\Delta` only. Once the lengthscale is a fraction of :math:`\Delta` the kernel between
     different values is close to 0 and stays so as it shrinks: the likelihood is flat there, and
-    the optimizer may drift to lengthscales near 0 (OAK on UCI bike's binary inputs) where float32
-    rounding and the orthogonal kernel's normalizers break down. At :math:`\ell = \Delta / 3` the
+    the optimizer may drift to lengthscales near 0 (as OAK's did on binary inputs, ``docs/uci.rst``)
+    where float32 rounding and the orthogonal kernel's normalizers break down. At :math:`\ell = \Delta / 3` the
     kernel between neighbouring values is already 0.011 (RBF) or 0.027 (Matérn 5/2): the floor
     keeps the model able to treat the values as unrelated and removes only the flat direction.
     The lengthscale starts at twice its floor where :func:`initialize`'s start is below it.
@@ -340,3 +339,30 @@ def floor_discrete_lengthscales(kernel: Kernel, train_x: Tensor) -> dict[int, fl
     setattr(owner, name, torch.maximum(lengthscale, 2 * floor))
     return {column: DISCRETE_FLOOR * gap for column, gap in columns.items()}
 
+
+def hyperparameters(model: torch.nn.Module) -> dict[str, float | list[float]]:
+    """The model's constrained hyperparameters by name (lengthscales, scales, noise, mean), as floats:
+    a parameter ``raw_x`` under a constraint is reported as ``x``, the constraint's transform of it.
+
+    Args:
+        model: a GPyTorch model (its ``named_parameters_and_constraints``).
+
+    Returns:
+        a dict from the dotted name (``raw_`` removed) to a float, or a list of floats for a
+        parameter of more than one entry.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.regression import build_model, hyperparameters
+        >>> model, _ = build_model(torch.randn(10, 2), torch.randn(10), "rbf-ard")
+        >>> sorted(hyperparameters(model))  # doctest: +NORMALIZE_WHITESPACE
+        ['covar_module.base_kernel.lengthscale', 'covar_module.outputscale',
+         'likelihood.noise_covar.noise', 'mean_module.constant']
+    """
+    out: dict[str, float | list[float]] = {}
+    for name, raw, constraint in model.named_parameters_and_constraints():
+        value = raw if constraint is None else constraint.transform(raw)
+        prefix, _, leaf = name.rpartition(".")
+        values = value.detach().cpu().reshape(-1).tolist()
+        out[f"{prefix}.{leaf.removeprefix('raw_')}".lstrip(".")] = values[0] if len(values) == 1 else values
+    return out

@@ -1,4 +1,5 @@
-r"""Training: one recipe for every kernel, that says how it ended and steps in where the numbers fail.
+r"""Training: the optimizer loop of one recipe for every kernel, that says how it ended and steps
+in where the numbers fail.
 
 The loss is :math:`-\frac1n \log p(y \mid X, \theta)`, GPyTorch's
 :class:`~gpytorch.mlls.ExactMarginalLogLikelihood` with the cheaper gradient of
@@ -6,7 +7,8 @@ The loss is :math:`-\frac1n \log p(y \mid X, \theta)`, GPyTorch's
 ``gpytorch.settings.max_cholesky_size`` training points, above by conjugate gradients and stochastic
 Lanczos quadrature on lazy matvecs. :func:`train` returns a :class:`TrainingLog`: the loss of every
 evaluation (a list, as it always was) with whether training converged, why it stopped, how many
-optimizer iterations ran and what the recipe had to do when a factorization failed.
+optimizer iterations ran and what the recipe had to do when a factorization failed. Where training
+starts (a subset's exact fit) is chosen in :mod:`lazykern.regression.selection`.
 
 Example:
     >>> import torch
@@ -28,30 +30,25 @@ from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 
 from ..kernel_names import OPTIMIZERS, TOLERANCES
-from ..kernels.projected import diverse_directions
 from ..validation import check_positive_int, check_positive_number
 from .likelihood import ExactMLL
-from .model import build_model
 
-__all__ = ["ADAM_PLATEAU_WINDOW", "NUMERICAL_FAILURES", "OPTIMIZERS", "TOLERANCES", "TrainingLog",
-           "ard_noise_floor", "ard_scaled_directions", "refines_in_float64", "resolve_optimizer", "to_float64", "train",
-           "trains_in_float64", "warm_start"]
+__all__ = ["ADAM_PLATEAU_WINDOW", "NUMERICAL_FAILURES", "OPTIMIZERS", "TOLERANCES", "TrainingLog", "check_optimizer",
+           "on_conjugate_gradients", "refines_in_float64", "resolve_optimizer", "to_float64", "train",
+           "trains_in_float64"]
 
 ADAM_PLATEAU_WINDOW = 30
 """Steps over which Adam's plateau rule (:func:`train`) compares the loss.
 
-A likelihood often creeps across a plateau before the lengthscales of the relevant inputs fall, and a
-10-step window took that plateau for convergence. UCI pol, split 0, 3,000 points (conjugate
-gradients), 200 steps at most: ARD RBF stopped after 88 steps at test RMSE 0.280 with 10 steps and
-ran all 200 to 0.121 with 30 (0.120 with no stop at all; L-BFGS on the exact likelihood 0.112);
-Newton–Girard over all orders 0.288 after 71 steps, 0.134 after 200. At 5,000 points with 30 steps:
-ARD 0.0958, Newton–Girard 0.0960."""
+A likelihood often creeps across a plateau before the lengthscales of the relevant inputs fall, and
+a shorter window takes that plateau for convergence; a window of 30 steps lets it pass
+(``docs/interactions.rst`` has the runs that chose it)."""
 
 #: Learning-rate halvings after which Adam's plateau rule stops.
 ADAM_HALVINGS = 4
 
-#: What a failed evaluation raises (besides a non-finite loss): a Cholesky factor that does not exist even with GPyTorch's jitter
-#: (``NotPSDError``), a kernel matrix with NaN entries (``NanError``), a loss that is not finite.
+#: What a failed evaluation raises (besides a non-finite loss): a Cholesky factor that does not exist
+#: even with GPyTorch's jitter (``NotPSDError``), a kernel matrix with NaN entries (``NanError``).
 NUMERICAL_FAILURES = (NotPSDError, NanError)
 
 
@@ -110,16 +107,37 @@ def resolve_optimizer(optimizer: str, n_train: int) -> str:
         >>> resolve_optimizer("auto", 500), resolve_optimizer("auto", 10**6)
         ('lbfgs', 'adam')
     """
+    if check_optimizer(optimizer) != "auto":
+        return optimizer
+    return "adam" if on_conjugate_gradients(n_train) else "lbfgs"
+
+
+def check_optimizer(optimizer: object) -> str:
+    """``optimizer`` must be one of :data:`~lazykern.regression.OPTIMIZERS`; returns it.
+
+    Example:
+        >>> from lazykern.regression.training import check_optimizer
+        >>> check_optimizer("sgd")
+        Traceback (most recent call last):
+        ValueError: optimizer must be one of auto, lbfgs, adam; got 'sgd'
+    """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {optimizer!r}")
-    if optimizer != "auto":
-        return optimizer
-    return "adam" if _on_conjugate_gradients(n_train) else "lbfgs"
+    return optimizer
 
 
-def _on_conjugate_gradients(n_train: int) -> bool:
-    """Whether GPyTorch computes the likelihood of ``n_train`` points by conjugate gradients
-    rather than Cholesky (more than ``gpytorch.settings.max_cholesky_size``)."""
+def on_conjugate_gradients(n_train: int) -> bool:
+    """Whether GPyTorch solves with the kernel matrix of ``n_train`` points by conjugate gradients
+    rather than Cholesky: more than ``gpytorch.settings.max_cholesky_size`` points, above which a
+    dense factor costs too much.
+
+    Example:
+        >>> import gpytorch
+        >>> from lazykern.regression.training import on_conjugate_gradients
+        >>> with gpytorch.settings.max_cholesky_size(100):
+        ...     on_conjugate_gradients(100), on_conjugate_gradients(101)
+        (False, True)
+    """
     return n_train > gpytorch.settings.max_cholesky_size.value()
 
 
@@ -140,30 +158,24 @@ def train(
       ``tolerance`` between iterations (or the step or gradient vanishes). **A float32 model is
       refined in float64**: when its L-BFGS converges with iterations left, the model and its
       training data move to float64 and L-BFGS goes on from the best point until it converges
-      again. float32 rounding of the loss and its gradient can end the line search before the
-      optimum: on UCI pumadyn32nm (split 0, 1,500 points, Newton–Girard) float32 stopped at a loss
-      of -0.0475 (test RMSE 0.221) and float64 went on to -0.0543 (0.219) in 30 more iterations;
-      where float32 had converged, float64 ends within a few iterations. A failure while refining
-      stops at the best float64 point and keeps float32's convergence (said in ``interventions``).
+      again, because float32 rounding of the loss and its gradient can end the line search before
+      the optimum (``docs/uci.rst``, "Training to convergence"). A failure while refining stops at
+      the best float64 point and keeps float32's convergence (said in ``interventions``).
     * ``"adam"``: Adam; whenever the loss improved by less than ``tolerance`` per step over the
-      last :data:`ADAM_PLATEAU_WINDOW` (30) steps, the learning rate is halved; converged at the
+      last :data:`ADAM_PLATEAU_WINDOW` steps, the learning rate is halved; converged at the
       fifth such plateau.
     * **A float32 model on CPU tensors trains in float64 on the conjugate-gradient path**
       (:func:`trains_in_float64`): there preconditioned CG stalls in float32 (``float64_from`` is 0).
     * ``"auto"``: L-BFGS when the likelihood is exact, Adam when it is stochastic (a line search
-      needs a deterministic objective). Measured on a 4-dimensional toy problem (120 points,
-      float64): L-BFGS converged in 35 loss evaluations to -0.617; Adam at lr 0.1 was at -0.553
-      after 2,000 steps and still improving (``benchmarks/recipe.py`` measures both on UCI data).
+      needs a deterministic objective).
 
     **When an evaluation fails** (no Cholesky factor even with GPyTorch's jitter, NaN entries, a
     loss that is not finite), training is not lost: the hyperparameters go back to the best point
     evaluated so far (the initial ones if none succeeded) and, for a float32 model, the model and its
-    training data move to float64 and training continues with the iterations left. That is the cause
-    on UCI data: float32 rounding of a kernel whose variance is large against the noise (an additive
-    offset of variance 17 over noise 4e-4 on bike: condition number beyond float32's 1e7), and the
-    cancellation of OAK's high-order terms (keggdirected, split 1: not positive definite at the
-    recipe's starting point in float32, fine in float64). A float64 model that fails stops at the
-    best point, with ``stop_reason`` ``"numerical failure"``. Each step taken is said in
+    training data move to float64 and training continues with the iterations left: float32 rounding
+    of a kernel matrix whose variance is large against the noise is the cause on UCI data
+    (``docs/uci.rst``, "Training that does not fail"). A float64 model that fails stops at the best
+    point, with ``stop_reason`` ``"numerical failure"``. Each step taken is said in
     ``interventions``; a run that never fails is not changed at all.
 
     **A batch of models** (``batch_shape`` ``(b,)``: b independent GPs) trains on the sum of its
@@ -192,21 +204,63 @@ def train(
     """
     from tqdm.auto import tqdm
 
+    optimizer, tolerance = _checked_options(model, iters, lr, optimizer, tolerance)
+    model.train()
+    likelihood.train()
+    log = TrainingLog(tolerance=tolerance)
+    if trains_in_float64(model):
+        to_float64(model)
+        log.float64_from = 0
+    best = _Best(model)
+    objective = _objective(model, ExactMLL(likelihood, model), log, best)
+    with tqdm(total=iters, desc=f"training ({optimizer})", disable=not progress, leave=False) as bar:
+        _run_stages(model, log, best, objective, optimizer, iters, lr, tolerance, bar)
+    return log
+
+
+def _run_stages(model: gpytorch.models.ExactGP, log: TrainingLog, best: "_Best", objective: Callable[[], Tensor],
+                optimizer: str, iters: int, lr: float | None, tolerance: float, bar) -> None:
+    """Run the optimizer in the model's dtype, then again in float64 from the best point after a
+    failure (:func:`_float64_fallback`) or after a float32 L-BFGS converged (the refinement), until
+    a stage ends with nothing left to step in for."""
+    refining = False  # in float64 after float32's L-BFGS converged
+    evaluations = 2 * iters  # L-BFGS's budget, over every stage together
+    while True:
+        parameters = [p for p in model.parameters() if p.requires_grad]
+        left = iters - log.iterations
+        try:
+            if optimizer == "lbfgs":
+                _lbfgs(log, parameters, objective, left, evaluations - len(log), lr, tolerance, bar, best)
+            else:
+                _adam(log, parameters, objective, left, lr, tolerance, bar)
+        except (*NUMERICAL_FAILURES, _NonFiniteLoss) as err:
+            spent = log.iterations >= iters or (optimizer == "lbfgs" and len(log) >= evaluations)
+            if not _float64_fallback(model, log, best, err, refining=refining, spent=spent):
+                return
+        else:
+            if not (log.converged and refines_in_float64(_dtype(model), optimizer)):
+                return
+            best.restore()
+            refining = True
+        to_float64(model)
+        best.reset()  # float32's losses read low against float64's: the float64 stage keeps its own best
+        log.float64_from = log.iterations
+
+
+def _checked_options(model: gpytorch.models.ExactGP, iters: int, lr: float | None, optimizer: str,
+                     tolerance: float | None) -> tuple[str, float]:
+    """The optimizer :func:`train` runs and its tolerance, after checking ``train``'s options."""
     check_positive_int("iters", iters)
     if lr is not None:
         check_positive_number("lr", lr)
     if tolerance is not None:
         check_positive_number("tolerance", tolerance)
     optimizer = resolve_optimizer(optimizer, model.train_inputs[0].shape[-2])
-    tolerance = TOLERANCES[optimizer] if tolerance is None else tolerance
-    model.train()
-    likelihood.train()
-    mll = ExactMLL(likelihood, model)
-    log = TrainingLog(tolerance=tolerance)
-    if trains_in_float64(model):
-        to_float64(model)
-        log.float64_from = 0
-    best = _Best(model)
+    return optimizer, TOLERANCES[optimizer] if tolerance is None else tolerance
+
+
+def _objective(model: gpytorch.models.ExactGP, mll: ExactMLL, log: TrainingLog, best: "_Best") -> Callable[[], Tensor]:
+    """The loss :func:`train` minimizes, logged and offered to ``best`` at every evaluation."""
 
     def objective() -> Tensor:
         loss = -mll(model(*model.train_inputs), model.train_targets).sum()  # a batch's members are independent
@@ -216,208 +270,28 @@ def train(
         best.offer(log[-1])
         return loss
 
-    refining = False  # in float64 after float32's L-BFGS converged
-    evaluations = 2 * iters  # L-BFGS's budget, over every stage together
-    with tqdm(total=iters, desc=f"training ({optimizer})", disable=not progress, leave=False) as bar:
-        while True:
-            parameters = [p for p in model.parameters() if p.requires_grad]
-            left = iters - log.iterations
-            try:
-                if optimizer == "lbfgs":
-                    _lbfgs(log, parameters, objective, left, evaluations - len(log), lr, tolerance, bar, best)
-                else:
-                    _adam(log, parameters, objective, left, lr, tolerance, bar)
-            except (*NUMERICAL_FAILURES, _NonFiniteLoss) as err:
-                failure = f"{type(err).__name__} at evaluation {len(log) + 1}"
-                best.restore()
-                if refining:  # float32 had converged: that result stands, refined as far as float64 got
-                    log.interventions.append(f"{failure} (float64, refining): stopped at the best hyperparameters "
-                                             "evaluated before it")
-                    log.converged, log.stop_reason = True, "loss change below tolerance"
-                    break
-                spent = log.iterations >= iters or (optimizer == "lbfgs" and len(log) >= evaluations)
-                if _dtype(model) != torch.float32 or spent:
-                    log.interventions.append(f"{failure} ({_dtype_name(model)}): stopped at the best hyperparameters "
-                                             "evaluated before it")
-                    log.converged, log.stop_reason = False, "numerical failure"
-                    break
-                log.interventions.append(f"{failure} (float32): continued in float64 from the best hyperparameters "
-                                         "evaluated before it")
-            else:
-                if not (log.converged and refines_in_float64(_dtype(model), optimizer)):
-                    break
-                best.restore()
-                refining = True
-            to_float64(model)
-            best.reset()  # float32's losses read low against float64's: the float64 stage keeps its own best
-            log.float64_from = log.iterations
-    return log
+    return objective
 
 
-def warm_start(
-    model: gpytorch.models.ExactGP,
-    likelihood: gpytorch.likelihoods.Likelihood,
-    size: int,
-    iters: int = 200,
-    progress: bool = True,
-    *,
-    seed: int = 0,
-) -> TrainingLog:
-    r"""Fit the hyperparameters exactly on a random subset of ``size`` training points; ``model`` takes them.
-
-    A copy of the model on the subset is trained by :func:`train` with L-BFGS on the exact
-    (Cholesky) likelihood, refined in float64 as :func:`train` does; the model and its likelihood
-    then take its hyperparameters and keep their own training data and dtype. Training on all
-    points (conjugate gradients and Adam, or exactly) goes on from there, as large exact GPs are
-    trained from a subset's hyperparameters (Wang et al., "Exact Gaussian processes on a million data
-    points", NeurIPS 2019). Adam from the recipe's start can end far from where L-BFGS on the exact
-    likelihood does: UCI split 0, 5,000 training points, ``dpa-matern52`` on the conjugate-gradient
-    path, test RMSE from the recipe's start / from a 1,000-point warm start: kin40k 0.992 / 0.797,
-    protein 1.067 / 0.738, elevators 0.476 / 0.375 (ARD RBF, exact: 0.149, 0.643, 0.380; the
-    measurements in ``docs/projected.rst``).
-
-    Args:
-        model: an exact GP holding its training data (more than ``size`` points).
-        likelihood: its likelihood (``model.likelihood``).
-        size: number of training points of the subset, drawn without replacement.
-        iters: most L-BFGS iterations (see :func:`train`).
-        progress: show :func:`train`'s progress bar.
-        seed: seed of the subset's draw.
-
-    Returns:
-        the subset's :class:`TrainingLog`.
-
-    Example:
-        >>> import torch
-        >>> from lazykern.regression import build_model, warm_start
-        >>> x = torch.randn(300, 2, dtype=torch.float64); y = torch.sin(2 * x).sum(-1)
-        >>> model, likelihood = build_model(x, y, "rbf-ard")
-        >>> log = warm_start(model, likelihood, 100, iters=50, progress=False)
-        >>> log.converged, model.train_inputs[0].shape[0], likelihood.noise.item() < 0.01
-        (True, 300, True)
-    """
-    check_positive_int("size", size)
-    n = model.train_inputs[0].shape[-2]
-    if size >= n:
-        raise ValueError(f"size must be below the number of training points ({n}); got {size}")
-    if likelihood is not model.likelihood:
-        raise ValueError("likelihood must be the model's own (model.likelihood)")
-    generator = torch.Generator().manual_seed(seed)
-    rows = torch.randperm(n, generator=generator)[:size].to(model.train_targets.device)
-    subset = copy.deepcopy(model)
-    subset.set_train_data(tuple(x[..., rows, :] for x in model.train_inputs), model.train_targets[..., rows],
-                          strict=False)
-    with gpytorch.settings.max_cholesky_size(size):
-        log = train(subset, subset.likelihood, iters=iters, progress=progress, optimizer="lbfgs")
-    model.load_state_dict(subset.state_dict())  # copy_ casts float64 refinements back to the model's dtype
-    return log
-
-
-def ard_scaled_directions(
-    train_x: Tensor,
-    train_y: Tensor,
-    num_projections: int,
-    size: int = 1000,
-    iters: int = 200,
-    progress: bool = True,
-    *,
-    seed: int = 0,
-    return_noise: bool = False,
-) -> Tensor | tuple[Tensor, float]:
-    r"""Diverse directions divided by the lengthscales ARD RBF fits exactly: :math:`w_j = \Lambda^{-1}
-    u_j`, :math:`\Lambda = \operatorname{diag}(\ell)`, a ``(d, num_projections)`` tensor to start
-    learned directions from (``ProjectedAdditiveKernel(..., projections=W, learn_projections=True)``).
-
-    :math:`u_j` are :func:`~lazykern.kernels.projected.diverse_directions` (``seed``) and
-    :math:`\ell` the lengthscales of the named ``rbf-ard`` kernel trained by :func:`train` (L-BFGS,
-    Cholesky) on a random subset of ``size`` points (:func:`warm_start`, ``seed``), or on all of
-    them where there are no more. Each projection then starts as :math:`u_j^\top \Lambda^{-1} x`,
-    the recipe's input lengthscales at ARD's values. On UCI pol (split 0, 5,000 points, Matérn-5/2
-    base, learned on all points) from DPA's directions / from these: test RMSE 0.202 / 0.122 with
-    52 projections, 0.0936 with 208 against ARD RBF's 0.097; on protein at 1,200 points (18
-    projections) 0.884 / 0.929, both overfitting (``docs/projected.rst``).
-
-    Args:
-        train_x: ``(n, d)`` training inputs.
-        train_y: ``(n,)`` training targets.
-        num_projections: number of directions J.
-        size: points of ARD's exact fit.
-        iters: most L-BFGS iterations of that fit.
-        progress: show :func:`train`'s progress bar.
-        seed: seed of the subset's draw and of the directions.
-        return_noise: also return the noise variance of ARD's fit, a floor for the learned directions'
-            (:func:`build_model`'s ``noise_floor``), which otherwise can explain the noise.
-
-    Returns:
-        a ``(d, num_projections)`` tensor in ``train_x``'s dtype and on its device; with ``return_noise``,
-        that tensor and the noise variance (a float).
-
-    Example:
-        >>> import torch
-        >>> from lazykern import ProjectedAdditiveKernel, MaternKernel
-        >>> from lazykern.regression import ard_scaled_directions, build_model
-        >>> x = torch.randn(300, 3, dtype=torch.float64); y = torch.sin(3 * x[:, 0]) + 0.1 * x[:, 1]
-        >>> W = ard_scaled_directions(x, y, 6, size=100, iters=50, progress=False)
-        >>> kernel = ProjectedAdditiveKernel(MaternKernel(nu=2.5), 3, 6, projections=W, learn_projections=True)
-        >>> W.shape, bool(W[0].norm() > W[2].norm())   # y does not depend on x_2: a long lengthscale
-        (torch.Size([3, 6]), True)
-        >>> W, noise = ard_scaled_directions(x, y, 6, size=100, iters=50, progress=False, return_noise=True)
-        >>> model, likelihood = build_model(x, y, kernel, noise_floor=noise)   # noise at least ARD's
-    """
-    check_positive_int("num_projections", num_projections)
-    model, likelihood = _fit_ard(train_x, train_y, size, iters, progress, seed)
-    lengthscales = model.covar_module.base_kernel.lengthscale.detach().reshape(-1, 1)
-    directions = (diverse_directions(train_x.shape[1], num_projections, seed) / lengthscales).to(train_x)
-    return (directions, likelihood.noise.item()) if return_noise else directions
-
-
-def ard_noise_floor(
-    train_x: Tensor, train_y: Tensor, size: int = 1000, iters: int = 200, progress: bool = True, *, seed: int = 0
-) -> float:
-    r"""The noise variance ARD RBF fits exactly on ``size`` of the points: a lower bound for the noise of
-    a kernel that can explain the noise (:func:`build_model`'s ``noise_floor``), such as learned
-    projections, measured by a simpler model on the same data. ``fit_evaluate(noise_floor="ard")`` and
-    ``lazykern uci --noise-floor ard`` use it, and by default for kernels that train their directions.
-
-    The fit is that of :func:`ard_scaled_directions` (the named ``rbf-ard`` kernel, L-BFGS, Cholesky, on
-    a random subset of ``size`` points drawn with ``seed``, or on all of them where there are no more).
-    On UCI split 0 at 1,000 points the named ``dpa-matern52-learned`` kernel with this floor reached test
-    RMSE 0.326 on kin40k (J = 16; 0.345 without) and 0.223 on pol (J = 52; 0.260 without, and test NLPD
-    3.1 against 24.1) (``docs/projected.rst``).
-
-    Args:
-        train_x: ``(n, d)`` training inputs.
-        train_y: ``(n,)`` training targets.
-        size: points of ARD's exact fit.
-        iters: most L-BFGS iterations of that fit.
-        progress: show :func:`train`'s progress bar.
-        seed: seed of the subset's draw.
-
-    Returns:
-        the noise variance, a float in the units of ``train_y`` squared.
-
-    Example:
-        >>> import torch
-        >>> from lazykern.regression import ard_noise_floor
-        >>> _ = torch.manual_seed(0)
-        >>> x = torch.rand(200, 2, dtype=torch.float64); y = torch.sin(4 * x[:, 0]) + 0.1 * torch.randn(200)
-        >>> floor = ard_noise_floor(x, y, size=100, iters=50, progress=False)
-        >>> 0.001 < floor < 0.1   # the noise's variance is 0.01
-        True
-    """
-    return _fit_ard(train_x, train_y, size, iters, progress, seed)[1].noise.item()
-
-
-def _fit_ard(train_x: Tensor, train_y: Tensor, size: int, iters: int, progress: bool, seed: int):
-    """The named ``rbf-ard`` model and likelihood trained exactly on ``size`` of the points (all, if no more)."""
-    check_positive_int("size", size)
-    model, likelihood = build_model(train_x, train_y, "rbf-ard")
-    if size < train_x.shape[0]:
-        warm_start(model, likelihood, size, iters, progress, seed=seed)
-    else:
-        with gpytorch.settings.max_cholesky_size(train_x.shape[0]):
-            train(model, likelihood, iters, progress=progress, optimizer="lbfgs")
-    return model, likelihood
+def _float64_fallback(model: gpytorch.models.ExactGP, log: TrainingLog, best: "_Best", err: Exception, *,
+                      refining: bool, spent: bool) -> bool:
+    """After a failed evaluation: back to the best hyperparameters evaluated so far, and whether
+    training goes on in float64 (a float32 model with iterations left); said in ``log`` either way."""
+    failure = f"{type(err).__name__} at evaluation {len(log) + 1}"
+    best.restore()
+    if refining:  # float32 had converged: that result stands, refined as far as float64 got
+        log.interventions.append(f"{failure} (float64, refining): stopped at the best hyperparameters "
+                                 "evaluated before it")
+        log.converged, log.stop_reason = True, "loss change below tolerance"
+        return False
+    if _dtype(model) != torch.float32 or spent:
+        log.interventions.append(f"{failure} ({_dtype_name(model)}): stopped at the best hyperparameters "
+                                 "evaluated before it")
+        log.converged, log.stop_reason = False, "numerical failure"
+        return False
+    log.interventions.append(f"{failure} (float32): continued in float64 from the best hyperparameters "
+                             "evaluated before it")
+    return True
 
 
 def trains_in_float64(model: gpytorch.models.ExactGP) -> bool:
@@ -425,18 +299,11 @@ def trains_in_float64(model: gpytorch.models.ExactGP) -> bool:
     CPU tensors whose likelihood is computed by conjugate gradients (more training points than
     ``gpytorch.settings.max_cholesky_size``).
 
-    ``linear_operator``'s preconditioned conjugate gradients stall in float32. On UCI kin40k (split 0,
-    5,000 points, ``dpa-matern52`` with 64 projections, at the hyperparameters of a 1,000-point warm
-    start, Intel Xeon, one thread) a step with the default rank-15 pivoted-Cholesky preconditioner
-    ran all 1,000 iterations and ended at a relative residual of 1.9 (the tolerance: 1), 21 s; the
-    same solve on the matrix stored densely also stalled, at 0.02 against a tolerance of 0.01. In
-    float64 the step converged at tolerance 0.01 in 0.8 s, its loss 0.732 against the exact 0.726.
-    Whole runs of :func:`~lazykern.regression.fit_evaluate` from that warm start (at most 200 Adam
-    steps, one thread, each beside one other job): float32 trained in 1,558 s, 33 of its solves
-    stalled, test RMSE 0.459; float64 in 475 s, none stalled, 0.478. On CPUs float64 costs little
-    more per step, as the structured engine sums in float64 anyway: a step on all 36,000 of kin40k's
-    points took 1.9 s against 1.6 s. Models on a GPU keep their dtype: float64
-    runs at a fraction of float32's speed on most GPUs, and this has not been measured there.
+    ``linear_operator``'s preconditioned conjugate gradients stall in float32: a stalled solve runs
+    to its iteration limit and gives a loss and gradient far from the exact ones, where float64
+    converges in a few iterations (``docs/uci.rst``, "The recipe's choices").
+    On CPUs float64 costs little more per step, the structured engine summing in float64 anyway;
+    models on a GPU keep their dtype, where float64 runs at a fraction of float32's speed.
 
     Example:
         >>> import gpytorch, torch
@@ -449,7 +316,7 @@ def trains_in_float64(model: gpytorch.models.ExactGP) -> bool:
         True
     """
     x = model.train_inputs[0]
-    return x.dtype == torch.float32 and x.device.type == "cpu" and _on_conjugate_gradients(x.shape[-2])
+    return x.dtype == torch.float32 and x.device.type == "cpu" and on_conjugate_gradients(x.shape[-2])
 
 
 def refines_in_float64(dtype: torch.dtype, optimizer: str) -> bool:
