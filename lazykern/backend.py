@@ -390,7 +390,7 @@ def pairwise_dense(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str
 
 def preconditioner(formula: Formula, x: Tensor, params: Mapping[str, Tensor]) -> Callable[..., Preconditioner] | None:
     """A builder of a preconditioner of ``K(x, x) + diag(noise)`` from an engine's structure of
-    ``formula`` (:meth:`lazykern.engine.Engine.preconditioner`: ``build(noise, max_rank=...)``),
+    ``formula`` (:meth:`lazykern.engine.Engine.preconditioner`: ``build(noise, max_rank=..., extent=...)``),
     from the first engine in :data:`ENGINES` that has one, whatever the engine setting (a
     preconditioner only approximates :math:`K`, and the solver applies it, not an engine's
     products); ``None`` where none has.

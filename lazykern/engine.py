@@ -84,6 +84,12 @@ class Preconditioner(Protocol):
     def sample(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
         r"""``(N, num_samples)`` draws from :math:`\mathcal N(0, P)`."""
 
+    def posterior_variance(self, x: Tensor) -> Tensor:
+        r"""The latent posterior variance at new points ``x`` (in the formula's coordinates) of the
+        model :math:`P` is the covariance of (the kernel part of :math:`P` as the prior, its diagonal
+        part as the noise): where :math:`P` models :math:`K` closely, the exact variance; the builder's
+        ``extent`` names the points it must reach."""
+
 
 class Engine:
     """One engine: a name, what it supports, and its reductions.
@@ -155,7 +161,8 @@ class Engine:
                        params: Mapping[str, Tensor]) -> Callable[..., Preconditioner] | None:
         """A builder of a :class:`Preconditioner` of ``K(x, x) + diag(noise)`` from this engine's
         structure of ``formula`` (``build(noise)``, ``noise`` ``(N,)``; ``max_rank=`` bounds the
-        directions a low-rank part keeps), without building it; ``None`` where the engine has none
+        directions a low-rank part keeps, ``extent=`` names more points its model must reach,
+        for :meth:`Preconditioner.posterior_variance`), without building it; ``None`` where the engine has none
         (the default)."""
         return None
 

@@ -72,7 +72,7 @@ from .model import DEFAULT_MAX_DEGREE, DISCRETE_FLOOR, DISCRETE_MAX_LEVELS, INIT
     ExactGPRegressor, build_model, discrete_columns, floor_discrete_lengthscales, hyperparameters, initialize, \
     make_kernel
 from .prediction import gaussian_metrics, predict, variance_bounds
-from .recipe import NoiseFloor, Recipe
+from .recipe import LARGE_N, NoiseFloor, Recipe
 from .selection import ard_noise_floor, ard_scaled_directions, warm_start
 from .steps import Analyzed, Evaluated, Fitted, Prepared, analyze, evaluate, fit, prepare
 from .training import ADAM_PLATEAU_WINDOW, OPTIMIZERS, TOLERANCES, TrainingLog, refines_in_float64, \
@@ -94,6 +94,7 @@ __all__ = [
     "TrainingLog",
     "ExactMLL",
     "Recipe",
+    "LARGE_N",
     "NoiseFloor",
     "Prepared",
     "Fitted",

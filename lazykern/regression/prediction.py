@@ -1,5 +1,6 @@
 r"""Predictions of a trained exact GP and what they are judged by: the predictive mean and variance,
-bounds on the exact variance, the check of LOVE's variances, and the test metrics.
+bounds on the exact variance, the check of approximate variances (LOVE's, the grid's), and the test
+metrics.
 
 For training inputs :math:`X`, targets :math:`y`, :math:`A = K(X, X) + \sigma^2 I` and test points
 :math:`x_*`, the predictive distribution of :math:`y_* = f(x_*) + \varepsilon` is Gaussian with
@@ -31,16 +32,18 @@ from gpytorch.models.exact_prediction_strategies import prediction_strategy
 from gpytorch.utils.memoize import add_to_cache
 from torch import Tensor
 
+from .. import backend
+from ..operators import LazyKernelOperator
 from ..solvers import CGResult, cg
 from ..validation import check_floating_matrix, check_positive_number
 from .training import on_conjugate_gradients
 
 __all__ = ["MeanSolve", "VARIANCE_CHECK_POINTS", "VARIANCE_CHECK_SOLVES", "VARIANCE_CHECK_TOLERANCE",
-           "gaussian_metrics", "love_variances_off", "predict", "variance_bounds"]
+           "gaussian_metrics", "grid_variance", "predict", "variance_bounds", "variances_off"]
 
 VARIANCE_CHECK_POINTS = 16
 """Test points on which the evaluation checks LOVE's predictive variances on the conjugate-gradient
-path (:func:`love_variances_off`), spread over the test set."""
+path (:func:`variances_off`), spread over the test set."""
 
 VARIANCE_CHECK_TOLERANCE = 0.05
 """How far outside the exact variance's bounds, relatively, a LOVE variance may lie before the NLPD is
@@ -83,13 +86,16 @@ class MeanSolve:
 
 def predict(
     model: gpytorch.models.ExactGP, likelihood: gpytorch.likelihoods.Likelihood, x: Tensor,
-    on_solve: Callable[[MeanSolve], None] | None = None,
+    on_solve: Callable[[MeanSolve], None] | None = None, on_variances: Callable[[str], None] | None = None,
 ) -> tuple[Tensor, Tensor]:
     r"""Predictive mean :math:`\mu_*` and variance :math:`v_*` of :math:`y_* = f(x_*) + \varepsilon`
     (noise included) at the rows of ``x``.
 
     Variances use LOVE (``gpytorch.settings.fast_pred_var``), which is exact up to the Lanczos rank
-    and costs one cached decomposition instead of one solve per test point. On the Cholesky path
+    and costs one cached decomposition instead of one solve per test point, or, on the
+    conjugate-gradient path with a kernel the structured engine's grid models, the grid model's own
+    posterior variance (:func:`grid_variance`), which resolves every eigenvalue LOVE's rank cannot.
+    On the Cholesky path
     (at most ``gpytorch.settings.max_cholesky_size`` training points) the prediction is GPyTorch's
     exact one. On the conjugate-gradient path the mean's weights :math:`\alpha` are solved by
     :func:`lazykern.solvers.cg` in the model's dtype to ``gpytorch.settings.eval_cg_tolerance``
@@ -105,6 +111,7 @@ def predict(
         on_solve: called with the :class:`~lazykern.regression.prediction.MeanSolve` where this call
             solved for :math:`\alpha` by conjugate gradients (once per trained model: GPyTorch keeps
             :math:`\alpha` until the model trains again or takes new data).
+        on_variances: called with where the variances came from, ``"LOVE's"`` or ``"the grid's"``.
 
     Returns:
         ``(mean, variance)``, two ``(m,)`` tensors in the model's dtype.
@@ -125,12 +132,67 @@ def predict(
     model.eval()
     likelihood.eval()
     with torch.no_grad(), gpytorch.settings.fast_pred_var():
-        if model.prediction_strategy is None and _solves_by_cg(model):
+        by_cg = _solves_by_cg(model)
+        if model.prediction_strategy is None and by_cg:
             solve = _solve_mean(model, likelihood)
             if on_solve is not None:
                 on_solve(solve)
-        out = likelihood(model(x.to(model.train_inputs[0].dtype)))
-        return out.mean, out.variance
+        x = x.to(model.train_inputs[0].dtype)
+        grid = grid_variance(model, likelihood, x) if by_cg else None
+        if on_variances is not None:
+            on_variances("LOVE's" if grid is None else "the grid's")
+        if grid is None:
+            out = likelihood(model(x))
+            return out.mean, out.variance
+        with gpytorch.settings.skip_posterior_variances():
+            return likelihood(model(x)).mean, grid
+
+
+def grid_variance(model: gpytorch.models.ExactGP, likelihood: gpytorch.likelihoods.GaussianLikelihood,
+                  x: Tensor) -> Tensor | None:
+    r"""The predictive variances at the rows of ``x`` under the structured engine's grid model of the
+    kernel, :math:`\phi_*^\top C^{-1} \phi_* + \sigma^2`
+    (:meth:`lazykern.structured.grid.AdditiveGrid.posterior_variance`, the grids spanning ``x`` too);
+    ``None`` for a kernel the grid does not model (or a batch of models).
+
+    The grid replaces each one-dimensional term by its interpolant from a fine grid, keeping the
+    :data:`~lazykern.structured.grid.MAX_RANK` directions that matter most against the noise, so its
+    model's variance is the exact one wherever the interpolation resolves the kernel; the
+    evaluation checks that (:func:`variances_off`). It costs :math:`r^2` operations a test point.
+
+    Args:
+        model, likelihood: a trained exact GP and its Gaussian likelihood.
+        x: ``(m, d)`` test inputs.
+
+    Example:
+        >>> import torch, lazykern
+        >>> from lazykern.regression import build_model
+        >>> from lazykern.regression.prediction import grid_variance, variance_bounds
+        >>> x = torch.rand(300, 2, dtype=torch.float64)
+        >>> model, likelihood = build_model(x, torch.sin(6 * x).sum(-1), "additive-matern52")
+        >>> variance = grid_variance(model, likelihood, x[:5])
+        >>> lower, upper = variance_bounds(model, likelihood, x[:5], tolerance=1e-10)
+        >>> bool(torch.allclose(variance, upper, rtol=1e-3))
+        True
+        >>> grid_variance(*build_model(x, x.sum(-1), "rbf-ard"), x[:5]) is None
+        True
+    """
+    train_x = model.train_inputs[0]
+    if train_x.dim() != 2:
+        return None
+    with torch.no_grad():
+        # One call's inputs: a kernel may shift its inputs by a mean of its own per call (stationary
+        # kernels do, for rounding), so the training and test coordinates must come from the same one.
+        cross = model.covar_module(x, train_x).evaluate_kernel()
+        if not isinstance(cross, LazyKernelOperator):
+            return None
+        build = backend.preconditioner(cross.covar_func, cross.x2, cross.tensor_params)
+        if build is None:
+            return None
+        noise = likelihood.noise.detach().reshape(-1)
+        grid = build(noise.expand(train_x.shape[-2]).to(torch.float64), max_rank=backend.PRECONDITIONER_MAX_RANK,
+                     extent=cross.x1)
+        return (grid.posterior_variance(cross.x1) + noise.to(torch.float64)).to(x.dtype)
 
 
 def _solves_by_cg(model: gpytorch.models.ExactGP) -> bool:
@@ -167,7 +229,8 @@ def variance_bounds(
 ) -> tuple[Tensor, Tensor]:
     r"""Bounds :math:`l \le v \le u` on the exact predictive variances
     :math:`v = k_{**} + \sigma^2 - k_*^\top A^{-1} k_*` (:math:`A = K + \sigma^2 I`) at the rows of ``x``,
-    by conjugate gradients in float64 on a copy of the model (the model is left as it is).
+    by conjugate gradients in float64 (:func:`lazykern.solvers.cg`, preconditioned as training's
+    solves are) on a copy of the model (the model is left as it is).
 
     For any approximate solution :math:`x` of :math:`A x = k_*`, with residual :math:`r = k_* - A x`,
     :math:`k_*^\top A^{-1} k_* = 2 k_*^\top x - x^\top A x + r^\top A^{-1} r`, and
@@ -184,7 +247,7 @@ def variance_bounds(
     Args:
         model, likelihood: a trained exact GP and its Gaussian likelihood.
         x: ``(m, d)`` test inputs.
-        tolerance: the solve's relative residual (``linear_operator.settings.cg_tolerance``).
+        tolerance: the solve's relative residual.
 
     Returns:
         ``(lower, upper)``, two ``(m,)`` float64 tensors.
@@ -205,24 +268,25 @@ def variance_bounds(
     train_x, x = model.train_inputs[0], x.to(torch.float64)
     noise = likelihood.noise.detach().squeeze(-1)
     # CG that stops short of the tolerance only widens the bounds: its warning says nothing here.
-    with torch.no_grad(), warnings.catch_warnings(), linear_operator.settings.cg_tolerance(tolerance), \
-            linear_operator.settings.max_cg_iterations(max(1000, 2 * train_x.shape[-2])):
-        warnings.simplefilter("ignore", linear_operator.utils.warnings.NumericalWarning)
-        system = likelihood(model(train_x)).lazy_covariance_matrix
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        system = likelihood(model(train_x)).lazy_covariance_matrix.evaluate_kernel()
         cross = model.covar_module(train_x, x).to_dense()
-        solution = system.solve(cross)
+        precondition = system._preconditioner()[0] if train_x.dim() == 2 else None
+        solution, _ = cg(system, cross, precond=precondition, tol=tolerance, max_iter=max(1000, 2 * train_x.shape[-2]))
         product = system @ solution
         residual = cross - product
         upper = model.covar_module(x, diag=True) + noise - (solution * (2 * cross - product)).sum(-2)
         return upper - (residual * residual).sum(-2) / noise, upper
 
 
-def love_variances_off(model: gpytorch.models.ExactGP, likelihood: gpytorch.likelihoods.Likelihood, x: Tensor,
-                       variance: Tensor) -> str | None:
-    r"""Why LOVE's ``variance`` at ``x`` cannot be reported, or ``None`` where it can: the check of
-    the conjugate-gradient path, on :data:`VARIANCE_CHECK_POINTS` test points spread over ``x``.
+def variances_off(model: gpytorch.models.ExactGP, likelihood: gpytorch.likelihoods.Likelihood, x: Tensor,
+                  variance: Tensor, source: str = "LOVE's") -> str | None:
+    r"""Why the approximate ``variance`` at ``x`` (LOVE's or the grid's, as ``source`` says) cannot be
+    reported, or ``None`` where it can: the check of the conjugate-gradient path, on
+    :data:`VARIANCE_CHECK_POINTS` test points spread over ``x``.
 
-    A LOVE variance is off where it lies outside :math:`[l (1 - \tau), u (1 + \tau)]`
+    A variance is off where it lies outside :math:`[l (1 - \tau), u (1 + \tau)]`
     (:func:`~lazykern.regression.variance_bounds`, :math:`\tau` = :data:`VARIANCE_CHECK_TOLERANCE`);
     the bounds are tried at each of :data:`VARIANCE_CHECK_SOLVES`, stopping as soon as they show LOVE
     off or leave it no room to be, so that a tight (costly) solve runs only where a loose one cannot
@@ -231,18 +295,19 @@ def love_variances_off(model: gpytorch.models.ExactGP, likelihood: gpytorch.like
     Args:
         model, likelihood: a trained exact GP and its Gaussian likelihood.
         x: ``(m, d)`` test inputs.
-        variance: ``(m,)`` LOVE's predictive variances at ``x`` (:func:`~lazykern.regression.predict`).
+        variance: ``(m,)`` approximate predictive variances at ``x`` (:func:`~lazykern.regression.predict`).
+        source: whose variances they are, as the message names them.
 
     Example:
         >>> import torch
         >>> from lazykern.regression import build_model, predict
-        >>> from lazykern.regression.prediction import love_variances_off
+        >>> from lazykern.regression.prediction import variances_off
         >>> x = torch.randn(60, 2, dtype=torch.float64)
         >>> model, likelihood = build_model(x, torch.sin(x).sum(-1), "rbf-ard")
         >>> _, variance = predict(model, likelihood, x[:20])
-        >>> love_variances_off(model, likelihood, x[:20], variance) is None
+        >>> variances_off(model, likelihood, x[:20], variance) is None
         True
-        >>> love_variances_off(model, likelihood, x[:20], 10 * variance).startswith("LOVE's predictive variances off")
+        >>> variances_off(model, likelihood, x[:20], 10 * variance).startswith("LOVE's predictive variances off")
         True
     """
     rows = torch.linspace(0, x.shape[0] - 1, min(VARIANCE_CHECK_POINTS, x.shape[0])).long()
@@ -260,7 +325,7 @@ def love_variances_off(model: gpytorch.models.ExactGP, likelihood: gpytorch.like
     else:
         return None
     worst = int(((love - upper).abs() / upper).argmax())
-    return (f"LOVE's predictive variances off at {int(off.sum())} of {rows.numel()} test points checked "
+    return (f"{source} predictive variances off at {int(off.sum())} of {rows.numel()} test points checked "
             f"(e.g. {float(love[worst]):.3g} where the exact one is in [{float(lower[worst]):.3g}, "
             f"{float(upper[worst]):.3g}], by float64 conjugate gradients): NLPD not reported")
 

@@ -33,7 +33,7 @@ from ..validation import check_choice, check_non_negative_int, check_positive_in
 from .selection import ARD_FIT_POINTS, ard_noise_floor
 from .training import check_optimizer
 
-__all__ = ["NoiseFloor", "Recipe"]
+__all__ = ["LARGE_N", "NoiseFloor", "Recipe", "learns_projections"]
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class NoiseFloor:
         check_positive_int("size", self.size)
 
     def resolve(self, kernel: str | Kernel, train_x: Tensor, train_y: Tensor, *, iters: int = 200,
-                progress: bool = True) -> float | None:
+                progress: bool = True, ard_noise: float | None = None) -> float | None:
         """The floor for ``kernel`` on this data: the value given, the noise of ARD RBF's exact fit
         (at most ``iters`` L-BFGS iterations, with a progress bar if ``progress``), or ``None``.
 
@@ -87,13 +87,17 @@ class NoiseFloor:
             train_x, train_y: ``(n, d)`` and ``(n,)`` training data.
             iters: most L-BFGS iterations of the ARD fit.
             progress: show the ARD fit's progress bar.
+            ard_noise: the noise of an ARD fit already made on this data (the recipe's ``ard_start``),
+                taken instead of fitting again.
         """
-        if self.policy == "ard" or (self.policy == "auto" and _learns_projections(kernel)):
+        if self.policy == "ard" or (self.policy == "auto" and learns_projections(kernel)):
+            if ard_noise is not None:
+                return ard_noise
             return ard_noise_floor(train_x, train_y, size=self.size, iters=iters, progress=progress)
         return None if isinstance(self.policy, str) else self.policy
 
 
-def _learns_projections(kernel: str | Kernel) -> bool:
+def learns_projections(kernel: str | Kernel) -> bool:
     """Whether ``kernel`` (a name or a module) trains the directions of a projected kernel."""
     if isinstance(kernel, str):
         return kernel in LEARNED_PROJECTION_KERNELS
@@ -126,6 +130,15 @@ class Recipe:
             gradients on lazy matvecs above; ``None``: ``gpytorch.settings.max_cholesky_size`` as it
             is when the job is prepared (GPyTorch's default: 800).
         noise_floor: the lower bound of the noise variance (:class:`NoiseFloor`).
+        ard_start: for a kernel that learns projection directions, start them as its diverse
+            directions divided by the lengthscales ARD RBF fits exactly on this many training points
+            (:func:`~lazykern.regression.ard_scaled_directions`: each projection then starts at ARD's
+            input scales); that fit's noise also serves a ``"ard"`` or ``"auto"`` noise floor.
+            ``None``: the directions start as the kernel made them.
+        cg_tolerance: the relative residual of training's conjugate-gradient solves above
+            ``max_cholesky_size`` (``None``: ``linear_operator``'s ``cg_tolerance``, 1).
+        solve_tolerance: the relative residual of the predictive mean's conjugate-gradient solve
+            (``None``: GPyTorch's ``eval_cg_tolerance``, 0.01).
 
     Example:
         >>> from lazykern.regression import NoiseFloor, Recipe
@@ -144,13 +157,17 @@ class Recipe:
     warm_start_iters: int | None = None
     max_cholesky_size: int | None = None
     noise_floor: NoiseFloor = field(default_factory=NoiseFloor)
+    ard_start: int | None = None
+    cg_tolerance: float | None = None
+    solve_tolerance: float | None = None
 
     def __post_init__(self) -> None:
         check_optimizer(self.optimizer)
         check_positive_int("iters", self.iters)
-        for name in ("lr", "tolerance"):
+        for name in ("lr", "tolerance", "cg_tolerance", "solve_tolerance"):
             if getattr(self, name) is not None:
                 check_positive_number(name, getattr(self, name))
+        check_positive_int("ard_start", self.ard_start, optional=True)
         check_positive_int("warm_start_size", self.warm_start_size, optional=True)
         check_positive_int("warm_start_iters", self.warm_start_iters, optional=True)
         check_non_negative_int("max_cholesky_size", self.max_cholesky_size, optional=True)
@@ -204,3 +221,28 @@ class Recipe:
         if not isinstance(recipe, Recipe):
             raise TypeError(f"recipe must be a Recipe, got {type(recipe).__name__}")
         return recipe
+
+
+LARGE_N = Recipe(optimizer="adam", iters=150, lr=0.01, warm_start_size=2000, warm_start_iters=150,
+                 max_cholesky_size=2000, noise_floor=NoiseFloor("auto"), ard_start=2000, cg_tolerance=0.01,
+                 solve_tolerance=1e-8)
+"""The recipe for every training point on a CPU (``docs/large_n.rst`` has the measurements that chose it):
+
+1. ARD RBF fitted exactly on 2,000 of the points: its lengthscales scale the starting directions of a
+   kernel that learns them, its noise bounds the noise below (``ard_start``, ``noise_floor``);
+2. the hyperparameters fitted exactly (Cholesky, L-BFGS) on 2,000 of the points (the warm start);
+3. Adam on all points, conjugate gradients to a relative residual of 0.01 with the structured
+   engine's grid preconditioner, built for every step, and Lanczos quadrature from the same solves
+   (:class:`~lazykern.regression.ExactMLL`), in float64;
+4. the predictive mean's weights solved in float64 to a relative residual of 1e-8.
+
+The kernel it is made for is a sum of one-dimensional terms the structured engine takes (the
+command's default on a CPU: learned projections, :data:`~lazykern.kernel_names.LARGE_N_KERNEL`), whose
+products cost :math:`O(N J)`; its variances come from the grid's own model, checked against the exact
+bounds (:func:`~lazykern.regression.evaluate`).
+
+Example:
+    >>> from lazykern.regression import LARGE_N
+    >>> LARGE_N.optimizer, LARGE_N.warm_start_size, LARGE_N.solve_tolerance
+    ('adam', 2000, 1e-08)
+"""

@@ -20,17 +20,20 @@ Example:
 from __future__ import annotations
 
 import copy
+from typing import NamedTuple
 
 import gpytorch
 import torch
 from torch import Tensor
 
+from ..kernels.base import LazyKernel
 from ..kernels.projected import diverse_directions
 from ..validation import check_positive_int
 from .model import build_model
 from .training import TrainingLog, train
 
-__all__ = ["ARD_FIT_POINTS", "ard_noise_floor", "ard_scaled_directions", "warm_start"]
+__all__ = ["ARD_FIT_POINTS", "ArdFit", "ard_noise_floor", "ard_scaled_directions", "fit_ard", "scale_learned_directions",
+           "warm_start"]
 
 ARD_FIT_POINTS = 1000
 """Points of the exact ARD RBF fit of :func:`~lazykern.regression.ard_scaled_directions`,
@@ -189,6 +192,61 @@ def ard_noise_floor(
         True
     """
     return _fit_ard(train_x, train_y, size, iters, progress, seed)[1].noise.item()
+
+
+class ArdFit(NamedTuple):
+    """What an exact ARD RBF fit found: its ``(d,)`` lengthscales and its noise variance."""
+
+    lengthscales: Tensor
+    noise: float
+
+
+def fit_ard(train_x: Tensor, train_y: Tensor, size: int = ARD_FIT_POINTS, iters: int = 200, progress: bool = True, *,
+            seed: int = 0) -> ArdFit:
+    r"""The named ``rbf-ard`` kernel fitted exactly (Cholesky, L-BFGS) on a random subset of ``size``
+    points (all of them where there are no more): its lengthscales and noise, what
+    :func:`ard_scaled_directions`, :func:`ard_noise_floor` and the recipe's ``ard_start`` take from it.
+
+    Args:
+        train_x, train_y: ``(n, d)`` and ``(n,)`` training data.
+        size: points of the fit.
+        iters: most L-BFGS iterations.
+        progress: show the fit's progress bar.
+        seed: seed of the subset's draw.
+
+    Example:
+        >>> import torch
+        >>> from lazykern.regression.selection import fit_ard
+        >>> x = torch.rand(150, 2, dtype=torch.float64); y = torch.sin(6 * x[:, 0])
+        >>> fit = fit_ard(x, y, size=100, iters=30, progress=False)
+        >>> fit.lengthscales.shape, bool(fit.lengthscales[0] < fit.lengthscales[1])   # y varies along x_0
+        (torch.Size([2]), True)
+    """
+    model, likelihood = _fit_ard(train_x, train_y, size, iters, progress, seed)
+    return ArdFit(model.covar_module.base_kernel.lengthscale.detach().reshape(-1), likelihood.noise.item())
+
+
+def scale_learned_directions(kernel: torch.nn.Module, lengthscales: Tensor) -> None:
+    r"""Divide the directions of every projected kernel in ``kernel`` that learns them by per-input
+    ``lengthscales``: :math:`w_j \leftarrow \Lambda^{-1} w_j`, so that each projection starts at the
+    input scales an ARD kernel found (:func:`ard_scaled_directions` for a kernel already built).
+
+    Args:
+        kernel: a kernel module (``ScaleKernel`` or not).
+        lengthscales: ``(d,)`` positive lengthscales of the inputs.
+
+    Example:
+        >>> import torch, lazykern
+        >>> kernel = lazykern.ProjectedAdditiveKernel(lazykern.MaternKernel(nu=2.5), 2, 4, learn_projections=True)
+        >>> before = kernel.projections.detach().clone()
+        >>> scale_learned_directions(kernel, torch.tensor([2.0, 0.5]))
+        >>> torch.allclose(kernel.projections, before / torch.tensor([[2.0], [0.5]]))
+        True
+    """
+    with torch.no_grad():
+        for module in kernel.modules():
+            if isinstance(module, LazyKernel) and module.learns_projections:
+                module.projections.div_(lengthscales.reshape(-1, 1).to(module.projections))
 
 
 def _fit_ard(train_x: Tensor, train_y: Tensor, size: int, iters: int, progress: bool, seed: int):

@@ -27,11 +27,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import gpytorch
+import linear_operator
 import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor
@@ -43,8 +45,8 @@ from ..timing import PeakMemory, Stopwatch
 from ..validation import check_floating_matrix, check_positive_number
 from . import prediction
 from .model import ExactGPRegressor, build_model, hyperparameters
-from .recipe import Recipe
-from .selection import warm_start
+from .recipe import Recipe, learns_projections
+from .selection import fit_ard, scale_learned_directions, warm_start
 from .training import NUMERICAL_FAILURES, resolve_optimizer, to_float64, train
 
 __all__ = ["Analyzed", "Evaluated", "Fitted", "Prepared", "analyze", "evaluate", "fit", "prepare"]
@@ -61,7 +63,8 @@ class Prepared:
         max_degree: highest interaction order of the kernel built (``None`` for kernels without orders).
         num_projections: number of projections J of a projected kernel (``None`` for the others).
         noise_floor: the lower bound of the noise variance the model was built with, or ``None``.
-        floor_seconds: wall-clock time of resolving the floor (an ARD fit, where it took one).
+        floor_seconds: wall-clock time of resolving the floor and the recipe's ``ard_start`` (an ARD
+            fit, where they took one).
         solver: ``"cholesky"`` or ``"cg"`` (conjugate gradients and Lanczos on lazy matvecs): how
             training and prediction solve with the kernel matrix.
         recipe: the recipe as it runs (``max_cholesky_size`` resolved).
@@ -234,8 +237,13 @@ def prepare(
     """
     recipe = (Recipe() if recipe is None else recipe).resolved()
     with Stopwatch(train_x.device) as clock:
-        floor = recipe.noise_floor.resolve(kernel, train_x, train_y, iters=recipe.iters, progress=progress)
+        ard = (fit_ard(train_x, train_y, recipe.ard_start, recipe.warm_start_budget, progress)
+               if recipe.ard_start and learns_projections(kernel) else None)
+        floor = recipe.noise_floor.resolve(kernel, train_x, train_y, iters=recipe.iters, progress=progress,
+                                           ard_noise=ard.noise if ard else None)
     model, likelihood = build_model(train_x, train_y, kernel, max_degree, num_projections, floor)
+    if ard:
+        scale_learned_directions(model.covar_module, ard.lengthscales)
     inner, _ = lazy_kernels.family_of(model.covar_module)
     return model, likelihood, Prepared(
         kernel=kernel if isinstance(kernel, str) else type(kernel).__name__,
@@ -277,7 +285,7 @@ def fit(model: ExactGPRegressor, likelihood: gpytorch.likelihoods.Likelihood, pr
     """
     recipe, device = prepared.recipe, model.train_inputs[0].device
     warmed = recipe.warms_start(prepared.n_train)
-    with PeakMemory(device) as peak, gpytorch.settings.max_cholesky_size(recipe.max_cholesky_size):
+    with PeakMemory(device) as peak, _solves(recipe):
         optimizer_used = resolve_optimizer(recipe.optimizer, prepared.n_train)
         with Stopwatch(device) as clock:
             warm_notes = _warm_start(model, likelihood, recipe, progress) if warmed else ()
@@ -298,6 +306,18 @@ def fit(model: ExactGPRegressor, likelihood: gpytorch.likelihoods.Likelihood, pr
         peak_memory_mb=peak.mb,
         memory_measure=peak.measure,
     )
+
+
+def _solves(recipe: Recipe) -> contextlib.ExitStack:
+    """GPyTorch's and ``linear_operator``'s settings for the recipe's solves: exact up to
+    ``max_cholesky_size``, and the conjugate-gradient tolerances the recipe names."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(gpytorch.settings.max_cholesky_size(recipe.max_cholesky_size))
+    if recipe.cg_tolerance is not None:
+        stack.enter_context(linear_operator.settings.cg_tolerance(recipe.cg_tolerance))
+    if recipe.solve_tolerance is not None:
+        stack.enter_context(gpytorch.settings.eval_cg_tolerance(recipe.solve_tolerance))
+    return stack
 
 
 def _warm_start(model: ExactGPRegressor, likelihood: gpytorch.likelihoods.Likelihood, recipe: Recipe,
@@ -321,7 +341,8 @@ def evaluate(model: ExactGPRegressor, likelihood: gpytorch.likelihoods.Likelihoo
              test_x: Tensor, test_y: Tensor, *, y_scale: float = 1.0) -> Evaluated:
     r"""Predict the test data (:func:`~lazykern.regression.predict`; a float32 model whose prediction
     fails or whose mean's conjugate gradients stall predicts again in float64), check LOVE's variances
-    on the conjugate-gradient path (:func:`~lazykern.regression.prediction.love_variances_off`), and
+    on the conjugate-gradient path (LOVE's, or the grid's where the structured engine's grid models
+    the kernel: :func:`~lazykern.regression.prediction.variances_off`), and
     score the predictions.
 
     Targets are expected standardized; ``y_scale`` (:math:`\sigma_y`) converts the metrics to
@@ -347,11 +368,11 @@ def evaluate(model: ExactGPRegressor, likelihood: gpytorch.likelihoods.Likelihoo
     check_test_data(model.train_inputs[0], test_x, test_y)
     check_positive_number("y_scale", y_scale)
     device = model.train_inputs[0].device
-    with PeakMemory(device) as peak, gpytorch.settings.max_cholesky_size(prepared.recipe.max_cholesky_size):
+    with PeakMemory(device) as peak, _solves(prepared.recipe):
         with Stopwatch(device) as clock:
-            mean, variance, notes = _predict_in_float64_if_needed(model, likelihood, test_x)
-            off = prediction.love_variances_off(model, likelihood, test_x, variance) if prepared.solver == "cg" \
-                else None
+            mean, variance, source, notes = _predict_in_float64_if_needed(model, likelihood, test_x)
+            off = prediction.variances_off(model, likelihood, test_x, variance, source) \
+                if prepared.solver == "cg" else None
     rmse, nlpd = prediction.gaussian_metrics(mean, variance, test_y.to(mean))
     if off:
         notes.append(off)
@@ -372,14 +393,14 @@ def evaluate(model: ExactGPRegressor, likelihood: gpytorch.likelihoods.Likelihoo
 
 
 def _predict_in_float64_if_needed(model: ExactGPRegressor, likelihood: gpytorch.likelihoods.Likelihood,
-                                  x: Tensor) -> tuple[Tensor, Tensor, list[str]]:
+                                  x: Tensor) -> tuple[Tensor, Tensor, str, list[str]]:
     """Mean and variance at ``x``, and what the recipe did on the way: a float32 model whose
     prediction fails (no Cholesky factor) or whose mean's conjugate gradients stall moves to float64
     and predicts again, the cause being float32 rounding as in training; a solve that stalls even so
-    is said too."""
+    is said too. Also says whose variances they are (:func:`~lazykern.regression.predict`)."""
     single = model.train_inputs[0].dtype == torch.float32
     try:
-        mean, variance, solve = _predict(model, likelihood, x)
+        mean, variance, source, solve = _predict(model, likelihood, x)
     except NUMERICAL_FAILURES as err:
         if not single:
             raise
@@ -391,19 +412,20 @@ def _predict_in_float64_if_needed(model: ExactGPRegressor, likelihood: gpytorch.
     if failure:
         to_float64(model)
         notes.append(f"{failure}: predicted in float64")
-        mean, variance, solve = _predict(model, likelihood, x)
+        mean, variance, source, solve = _predict(model, likelihood, x)
     stalled = solve.stalled() if solve else None
     if stalled:
         notes.append(f"{stalled} in prediction")
-    return mean, variance, notes
+    return mean, variance, source, notes
 
 
 def _predict(model: ExactGPRegressor, likelihood: gpytorch.likelihoods.Likelihood,
-             x: Tensor) -> tuple[Tensor, Tensor, prediction.MeanSolve | None]:
-    """:func:`~lazykern.regression.predict`, and the mean's conjugate-gradient solve where it made one."""
-    solves = []
-    mean, variance = prediction.predict(model, likelihood, x, solves.append)
-    return mean, variance, solves[-1] if solves else None
+             x: Tensor) -> tuple[Tensor, Tensor, str, prediction.MeanSolve | None]:
+    """:func:`~lazykern.regression.predict`, whose variances they are, and the mean's
+    conjugate-gradient solve where it made one."""
+    solves, sources = [], []
+    mean, variance = prediction.predict(model, likelihood, x, solves.append, sources.append)
+    return mean, variance, sources[-1], solves[-1] if solves else None
 
 
 def analyze(model: ExactGPRegressor, prepared: Prepared) -> tuple[Analyzed, ComponentAnalysis | None]:

@@ -179,7 +179,7 @@ class StructuredEngine(Engine):
                        params: Mapping[str, Tensor]) -> Callable[..., Preconditioner] | None:
         """The grid preconditioner (:class:`~lazykern.structured.grid.AdditiveGrid`) of the terms
         :func:`~lazykern.structured.grid.additive_terms` finds, for one set of points without batch
-        dimensions: ``build(noise, max_rank=...)``."""
+        dimensions: ``build(noise, max_rank=..., extent=...)``."""
         terms = additive_terms(formula, x, params)
         if terms is None:
             return None
