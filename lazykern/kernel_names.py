@@ -10,7 +10,8 @@ from __future__ import annotations
 __all__ = [
     "KERNELS", "DEFAULT_KERNEL", "COMPARE_KERNELS", "INTERACTION_KERNELS", "PROJECTED_KERNELS",
     "LEARNED_PROJECTION_KERNELS", "COMPONENT_KERNELS", "GPYTORCH_KERNELS", "OPTIMIZERS", "TOLERANCES",
-    "PROJECTIONS_PER_DIMENSION", "default_num_projections",
+    "PROJECTIONS_PER_DIMENSION", "default_num_projections", "FULL_SET_KERNELS", "LARGE_N_KERNEL",
+    "LARGE_N_MAX_PROJECTIONS", "large_n_num_projections",
 ]
 
 KERNELS: tuple[str, ...] = (
@@ -88,3 +89,30 @@ def default_num_projections(num_dims: int) -> int:
         52
     """
     return PROJECTIONS_PER_DIMENSION * num_dims
+
+
+FULL_SET_KERNELS: tuple[str, ...] = ("additive-rbf", "additive-matern52", *PROJECTED_KERNELS)
+"""The kernels that train on every training point on a CPU (``lazykern uci``'s large-N recipe,
+:data:`lazykern.regression.LARGE_N`): sums of one-dimensional terms, whose products the structured
+engine computes in :math:`O(N J)` and whose solves its grid preconditions; the others cost
+:math:`O(N^2)` a product and train on a subset."""
+
+LARGE_N_KERNEL = "dpa-matern52-learned"
+"""The kernel ``lazykern uci`` trains on every training point on a CPU unless ``--kernel`` says
+otherwise (``docs/large_n.rst`` has the measurements that chose it), with
+:func:`large_n_num_projections` directions."""
+
+LARGE_N_MAX_PROJECTIONS = 128
+"""The most projections of :data:`LARGE_N_KERNEL` (:func:`large_n_num_projections`): its
+preconditioner's build costs :math:`O(N J^2)` a training step."""
+
+
+def large_n_num_projections(num_dims: int) -> int:
+    """J for :data:`LARGE_N_KERNEL` on ``num_dims`` inputs: eight per input, at most
+    :data:`LARGE_N_MAX_PROJECTIONS`.
+
+    Example:
+        >>> large_n_num_projections(8), large_n_num_projections(26)
+        (64, 128)
+    """
+    return min(8 * num_dims, LARGE_N_MAX_PROJECTIONS)

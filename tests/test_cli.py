@@ -285,19 +285,25 @@ def test_every_public_name_resolves_on_first_use():
 
 
 def test_training_defaults_are_fit_evaluates():
-    """The parser answers before lazykern.regression is imported, so it repeats the recipe's defaults."""
+    """The parser answers before lazykern.regression is imported, so it repeats the recipes' defaults:
+    the standard plan's are fit_evaluate's, the large-N recipe's are regression.LARGE_N's."""
     import inspect
 
     from lazykern import regression
-    from lazykern.cli.parser import build_parser
+    from lazykern.cli import parser as cli_parser
+    from lazykern.cli.plan import plan
 
     defaults = {k: p.default for k, p in inspect.signature(regression.fit_evaluate).parameters.items()}
     for command in (["demo"], ["uci", "pol"]):
-        args = build_parser().parse_args(command)
-        assert args.kernel == defaults["kernel"] == kernel_names.DEFAULT_KERNEL
-        for name in ("max_degree", "iters", "lr", "optimizer", "tolerance"):
-            assert getattr(args, name) == defaults[name], name
-    choices = {a.dest: a.choices for a in build_parser()._subparsers._group_actions[0].choices["demo"]._actions}
+        job = plan(cli_parser.build_parser().parse_args(command), on_cpu=True, available=500, num_dims=3)
+        assert job.kernel == defaults["kernel"] == kernel_names.DEFAULT_KERNEL and not job.full_set
+        for name in ("iters", "lr", "optimizer", "tolerance"):
+            assert getattr(job.recipe, name) == defaults[name], name
+    large = regression.LARGE_N
+    assert (cli_parser.LARGE_N_ITERS, cli_parser.LARGE_N_LR, cli_parser.LARGE_N_WARM_START,
+            cli_parser.LARGE_N_WARM_START_ITERS) == (large.iters, large.lr, large.warm_start_size, large.warm_start_iters)
+    assert cli_parser.CHOLESKY_MAX == large.max_cholesky_size
+    choices = {a.dest: a.choices for a in cli_parser.build_parser()._subparsers._group_actions[0].choices["demo"]._actions}
     assert tuple(choices["optimizer"]) == regression.OPTIMIZERS and tuple(choices["kernel"]) == regression.KERNELS
 
 
@@ -325,7 +331,8 @@ def test_the_warm_up_compiles_the_dtypes_training_runs(flags, dtypes, monkeypatc
     monkeypatch.setattr(warmup, "precompile", precompile)
     args = build_parser().parse_args(["demo", *flags])
     data = type("Data", (), {"d": 3, "n_train": 200})()
-    train._warm_up("additive-rbf", None, None, data, torch.device("cpu"), getattr(torch, args.dtype), args)
+    recipe = train.plan(args, True, data.n_train, data.d).recipe
+    train._warm_up("additive-rbf", None, None, data, torch.device("cpu"), getattr(torch, args.dtype), args, recipe)
     assert seen == dtypes
 
 

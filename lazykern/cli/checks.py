@@ -12,9 +12,9 @@ from pathlib import Path
 from ..data.checksums import SHA256
 from ..data.layout import FILES, default_cache_dir, training_points
 from ..kernel_names import COMPONENT_KERNELS, INTERACTION_KERNELS, PROJECTED_KERNELS
-from .parser import PLOT_FORMATS, UsageError
+from .parser import CHOLESKY_MAX, PLOT_FORMATS, UsageError
 
-__all__ = ["check_options", "json_to_stdout"]
+__all__ = ["check_kernel_flags", "check_options", "json_to_stdout"]
 
 
 def json_to_stdout(path: Path | None) -> bool:
@@ -63,6 +63,25 @@ def _check_dataset(args: argparse.Namespace) -> None:
                              f"{args.dataset} split {args.split}; use at most {available}, or leave it out")
 
 
+def check_kernel_flags(args: argparse.Namespace, kernel: str) -> None:
+    """Mistakes of flags that apply to some kernels only, for ``kernel`` (the one given or planned).
+
+    Example:
+        >>> from lazykern.cli.parser import build_parser
+        >>> check_kernel_flags(build_parser().parse_args(["uci", "pol", "--max-degree", "2"]), "dpa-matern52-learned")
+        Traceback (most recent call last):
+        lazykern.cli.parser.UsageError: --max-degree applies to --kernel additive-ng or oak only, not 'dpa-matern52-learned'
+    """
+    if args.max_degree is not None and kernel not in INTERACTION_KERNELS:
+        raise UsageError(f"--max-degree applies to --kernel {' or '.join(INTERACTION_KERNELS)} only, "
+                         f"not {kernel!r}")
+    if args.projections is not None and kernel not in PROJECTED_KERNELS:
+        raise UsageError(f"--projections applies to --kernel {', '.join(PROJECTED_KERNELS)} only, not {kernel!r}")
+    if args.plot is not None and kernel not in COMPONENT_KERNELS:
+        raise UsageError(f"--plot needs a kernel with additive components ({', '.join(COMPONENT_KERNELS)}), "
+                         f"not {kernel!r}")
+
+
 def check_options(args: argparse.Namespace) -> None:
     """Mistakes a flag combination makes, found before any data is read or anything trained (and
     before torch is imported, so that a mistake is answered at once).
@@ -84,21 +103,13 @@ def check_options(args: argparse.Namespace) -> None:
         _check_dataset(args)
     if args.json is not None and not json_to_stdout(args.json):
         _check_folder("--json", args.json)
-    if args.max_degree is not None and args.kernel not in INTERACTION_KERNELS:
-        raise UsageError(f"--max-degree applies to --kernel {' or '.join(INTERACTION_KERNELS)} only, "
-                         f"not {args.kernel!r}")
-    if args.projections is not None and args.kernel not in PROJECTED_KERNELS:
-        raise UsageError(f"--projections applies to --kernel {', '.join(PROJECTED_KERNELS)} only, "
-                         f"not {args.kernel!r}")
-    if args.warm_start is not None and args.warm_start > args.max_cholesky:
-        raise UsageError(f"--warm-start {args.warm_start} exceeds --max-cholesky {args.max_cholesky}: the subset's fit "
+    if args.kernel is not None:  # else the kernel depends on the device and the data: checked once planned
+        check_kernel_flags(args, args.kernel)
+    max_cholesky = CHOLESKY_MAX if args.max_cholesky is None else args.max_cholesky
+    if args.warm_start is not None and args.warm_start > max_cholesky:
+        raise UsageError(f"--warm-start {args.warm_start} exceeds --max-cholesky {max_cholesky}: the subset's fit "
                          "is exact; use at most that many points")
-    if args.warm_start_iters is not None and args.warm_start is None:
-        raise UsageError("--warm-start-iters applies with --warm-start M only")
     if args.plot is not None:
-        if args.kernel not in COMPONENT_KERNELS:
-            raise UsageError(f"--plot needs a kernel with additive components ({', '.join(COMPONENT_KERNELS)}), "
-                             f"not {args.kernel!r}")
         if args.plot.suffix.lower() not in PLOT_FORMATS:
             raise UsageError(f"--plot {args.plot}: unknown image format {args.plot.suffix or '(no suffix)'!r}; "
                              f"use one of {', '.join(PLOT_FORMATS)}")

@@ -19,6 +19,8 @@ from ..kernel_names import (
     GPYTORCH_KERNELS,
     INTERACTION_KERNELS,
     KERNELS,
+    LARGE_N_KERNEL,
+    LARGE_N_MAX_PROJECTIONS,
     LEARNED_PROJECTION_KERNELS,
     OPTIMIZERS,
     PROJECTED_KERNELS,
@@ -47,6 +49,10 @@ float32) is cheaper on a CPU than conjugate gradients, and exact."""
 DEFAULT_ITERS = 200
 """fit_evaluate's default ``iters`` (tests/test_cli.py checks they agree), repeated here because the
 parser answers before lazykern.regression (torch, GPyTorch) is imported."""
+
+LARGE_N_ITERS, LARGE_N_LR, LARGE_N_WARM_START, LARGE_N_WARM_START_ITERS = 150, 0.01, 2000, 150
+"""The large-N recipe's budget, step and warm start (:data:`lazykern.regression.LARGE_N`; tests/test_cli.py
+checks they agree), for the help text, which is answered before torch is imported."""
 
 PLOT_FORMATS = (".png", ".pdf", ".svg", ".eps", ".jpg", ".jpeg")
 
@@ -119,29 +125,35 @@ def _noise_floor(text: str) -> float | str | None:
 
 def _training_options(sub: argparse.ArgumentParser, cpu_n_train: int, gpu_n_train: str) -> None:
     """The options ``uci`` and ``demo`` share: the kernel, the recipe, the run and its outputs."""
-    sub.add_argument("--kernel", choices=KERNELS, default=DEFAULT_KERNEL,
-                     help=f"covariance (default {DEFAULT_KERNEL}: one-dimensional RBF kernels combined over "
-                     "interaction orders 1..R, one variance per order)")
+    sub.add_argument("--kernel", choices=KERNELS, default=None,
+                     help=f"covariance (default: on a CPU, for a dataset of more than {CPU_DEFAULT_N_TRAIN} "
+                     f"training points, {LARGE_N_KERNEL} on all of them by the large-N recipe; else "
+                     f"{DEFAULT_KERNEL}: one-dimensional RBF kernels combined over interaction orders 1..R, one "
+                     "variance per order)")
     sub.add_argument("--max-degree", type=_positive_int, default=None, metavar="R",
                      help=f"highest interaction order of {' and '.join(INTERACTION_KERNELS)} "
                      "(default: all orders, R = d)")
     sub.add_argument("--projections", type=_positive_int, default=None, metavar="J",
                      help=f"number of projections of {', '.join(PROJECTED_KERNELS)} "
-                     f"(default: {PROJECTIONS_PER_DIMENSION} per input dimension, J = {PROJECTIONS_PER_DIMENSION}d)")
+                     f"(default: {PROJECTIONS_PER_DIMENSION} per input dimension, J = {PROJECTIONS_PER_DIMENSION}d; "
+                     f"{LARGE_N_KERNEL} on all training points: 8 per input, at most {LARGE_N_MAX_PROJECTIONS})")
     sub.add_argument("--compare", action="store_true",
                      help=f"also train {' and '.join(COMPARE_KERNELS)} (lazykern's and GPyTorch's ARD RBF) "
                      "on the same split and report them side by side")
     sub.add_argument("--n-train", type=_int_at_least(2), default=None, metavar="N",
-                     help=f"training points (default: {gpu_n_train} on a GPU, {cpu_n_train} on a CPU)")
-    sub.add_argument("--optimizer", choices=OPTIMIZERS, default="auto",
+                     help=f"training points, a random subset (default: {gpu_n_train} on a GPU; on a CPU "
+                     f"{cpu_n_train}, or all of them where the kernel trains on all by the large-N recipe)")
+    sub.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
                      help="lbfgs: L-BFGS with a line search (meant for the exact likelihood); adam: Adam, halving "
                      "its step on plateaus; auto (default): L-BFGS up to --max-cholesky training points, "
-                     "Adam above")
-    sub.add_argument("--iters", type=_positive_int, default=DEFAULT_ITERS, metavar="N",
-                     help=f"most L-BFGS iterations (at most 2N loss evaluations) or Adam steps; training "
-                     f"stops earlier once converged (default {DEFAULT_ITERS})")
+                     "Adam above (the large-N recipe: adam)")
+    sub.add_argument("--iters", type=_positive_int, default=None, metavar="N",
+                     help=f"most L-BFGS iterations (at most 2N loss evaluations) or Adam steps on all training "
+                     f"points; training stops earlier once converged (default {DEFAULT_ITERS}; the large-N "
+                     f"recipe: {LARGE_N_ITERS})")
     sub.add_argument("--lr", type=_positive_float, default=None,
-                     help="initial step: default 1 for L-BFGS (its line search adapts it), 0.1 for Adam")
+                     help="initial step: default 1 for L-BFGS (its line search adapts it), 0.1 for Adam (the "
+                     f"large-N recipe: {LARGE_N_LR})")
     sub.add_argument("--tolerance", type=_positive_float, default=None, metavar="T",
                      help="converged when the loss (nats per training point) changes by less than this per "
                      "step: between L-BFGS iterations, over Adam's plateau window of 30 steps (default "
@@ -151,15 +163,16 @@ def _training_options(sub: argparse.ArgumentParser, cpu_n_train: int, gpu_n_trai
                           "conjugate gradients run in float64)")
     sub.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                      help="where to run (default: cuda if available, else cpu)")
-    sub.add_argument("--max-cholesky", type=_int_at_least(0), default=CHOLESKY_MAX, metavar="N",
+    sub.add_argument("--max-cholesky", type=_int_at_least(0), default=None, metavar="N",
                      help=f"exact Cholesky solves up to N training points, conjugate gradients on lazy "
                      f"matvecs above (default {CHOLESKY_MAX})")
     sub.add_argument("--warm-start", type=_positive_int, default=None, metavar="M",
                      help="start from hyperparameters fitted exactly (L-BFGS, Cholesky) on a random subset "
                      "of M of the training points, at most --max-cholesky (default: from the recipe's "
-                     "initialization)")
+                     f"initialization; the large-N recipe: {LARGE_N_WARM_START} points)")
     sub.add_argument("--warm-start-iters", type=_positive_int, default=None, metavar="N",
-                     help="most L-BFGS iterations of the --warm-start fit (default: --iters)")
+                     help="most L-BFGS iterations of the warm start's fit, its own budget beside --iters "
+                     f"(default: --iters; the large-N recipe: {LARGE_N_WARM_START_ITERS})")
     sub.add_argument("--noise-floor", type=_noise_floor, default="auto", metavar="V",
                      help="lower bound of the noise variance (standardized targets) of --kernel's model, for "
                      "kernels that can explain the noise, such as learned projections; 'ard': the noise ARD "

@@ -13,8 +13,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, TextIO
 
 from ..kernel_names import COMPARE_KERNELS, GPYTORCH_KERNELS
-from .checks import check_options, json_to_stdout
+from .checks import check_kernel_flags, check_options, json_to_stdout
 from .parser import COMPILE_TIMES, CPU_DEFAULT_N_TRAIN, DEMO_CPU_N_TRAIN, DEMO_GPU_N_TRAIN, UsageError
+from .plan import job_progress, plan
 from .report import comparison_text, results_text, training_notes
 from .runtime import resolve_device
 
@@ -25,29 +26,36 @@ __all__ = ["run"]
 
 
 def _load(args: argparse.Namespace, device, dtype):
-    """The data split and a sentence saying how many training points were used and why."""
+    """The data split, the :class:`~lazykern.cli.plan.Plan` for it and a sentence saying how many
+    training points were used and why."""
     from ..data import DownloadError, load_uci, synthetic_additive
 
+    on_cpu = device.type == "cpu"
     if args.command == "demo":
         if args.n_train is not None:
             n, why = args.n_train, "--n-train"
-        elif device.type == "cpu":
+        elif on_cpu:
             n, why = DEMO_CPU_N_TRAIN, "CPU default; --n-train N to change"
         else:
             n, why = DEMO_GPU_N_TRAIN, "GPU default; --n-train N to change"
         data = synthetic_additive(n, args.n_test, args.d, seed=args.seed, dtype=dtype, device=device)
-        return data, f"n_train={n} synthetic points ({why})"
+        return data, plan(args, on_cpu, data.n_train, data.d), f"n_train={n} synthetic points ({why})"
     kwargs = dict(split=args.split, seed=args.seed, dtype=dtype, device=device, data_dir=args.data_dir,
                   progress=not args.quiet)
     try:
         if args.n_train is not None:
-            return load_uci(args.dataset, n_train=args.n_train, **kwargs), f"n_train={args.n_train} (--n-train)"
+            data = load_uci(args.dataset, n_train=args.n_train, **kwargs)
+            return data, plan(args, on_cpu, data.n_train, data.d), f"n_train={args.n_train} (--n-train)"
         data = load_uci(args.dataset, **kwargs)
-        if device.type == "cpu" and data.n_train > CPU_DEFAULT_N_TRAIN:
+        job = plan(args, on_cpu, data.n_train, data.d)
+        if job.full_set:
+            return data, job, (f"n_train={data.n_train}: all training points (the large-N recipe for {job.kernel} "
+                               "on a CPU; --n-train N to subsample)")
+        if on_cpu and data.n_train > CPU_DEFAULT_N_TRAIN:
             note = (f"n_train={CPU_DEFAULT_N_TRAIN}: a random subset of the {data.n_train} training points "
                     "(CPU default; --n-train N to change)")
-            return load_uci(args.dataset, n_train=CPU_DEFAULT_N_TRAIN, **kwargs), note
-        return data, f"n_train={data.n_train}: all training points"
+            return load_uci(args.dataset, n_train=CPU_DEFAULT_N_TRAIN, **kwargs), job, note
+        return data, job, f"n_train={data.n_train}: all training points"
     except DownloadError as err:
         raise UsageError(f"{err}; 'lazykern demo' needs no data") from None
     except (ValueError, TypeError, OSError) as err:
@@ -55,7 +63,7 @@ def _load(args: argparse.Namespace, device, dtype):
 
 
 def _warm_up(kernel: str, max_degree: int | None, num_projections: int | None, data, device, dtype,
-             args: argparse.Namespace) -> None:
+             args: argparse.Namespace, recipe: Recipe) -> None:
     """Compile ``kernel``'s reductions before training, saying so on stderr when that takes a while."""
     import gpytorch
     import torch
@@ -72,8 +80,8 @@ def _warm_up(kernel: str, max_degree: int | None, num_projections: int | None, d
                   file=sys.stderr, flush=True)
 
     # A float32 model that L-BFGS trains is refined in float64 (lazykern.regression.train): both dtypes run.
-    with gpytorch.settings.max_cholesky_size(args.max_cholesky):
-        refined = refines_in_float64(dtype, resolve_optimizer(args.optimizer, data.n_train))
+    with gpytorch.settings.max_cholesky_size(recipe.max_cholesky_size):
+        refined = refines_in_float64(dtype, resolve_optimizer(recipe.optimizer, data.n_train))
     module = make_kernel(kernel, data.d, max_degree, num_projections).to(device)  # precompile converts a copy of it
     reports = [precompile(module, dtype=t, dims=data.d, points=data.n_train, on_compile=None if args.quiet else announce)
                for t in ((dtype, torch.float64) if refined else (dtype,))]
@@ -84,16 +92,6 @@ def _warm_up(kernel: str, max_degree: int | None, num_projections: int | None, d
         print(f"compiled {compiled} {kernel} reductions in {seconds:.1f} s", file=sys.stderr, flush=True)
     elif args.verbose:
         print(f"{kernel}: reductions cached ({cached} loaded in {seconds:.1f} s)", file=sys.stderr, flush=True)
-
-
-def _recipe(args: argparse.Namespace) -> Recipe:
-    """The :class:`~lazykern.regression.Recipe` the flags describe (``--noise-floor`` for ``--kernel``'s
-    model: ``--compare``'s models keep GPyTorch's bound)."""
-    from ..regression import NoiseFloor, Recipe
-
-    return Recipe(optimizer=args.optimizer, iters=args.iters, lr=args.lr, tolerance=args.tolerance,
-                  warm_start_size=args.warm_start, warm_start_iters=args.warm_start_iters,
-                  max_cholesky_size=args.max_cholesky, noise_floor=NoiseFloor(args.noise_floor))
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
@@ -118,29 +116,36 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     from ..components import plot_components
     from ..regression import NoiseFloor, fit_evaluate, gaussian_metrics
 
-    recipe = _recipe(args)
     report = sys.stderr if json_to_stdout(args.json) else out
     device = resolve_device(args.device)
     dtype = getattr(torch, args.dtype)
-    data, note = _load(args, device, dtype)
+    data, job, note = _load(args, device, dtype)
+    check_kernel_flags(args, job.kernel)
+    recipe = job.recipe
+    if args.warm_start_iters is not None and recipe.warm_start_size is None:
+        raise UsageError("--warm-start-iters applies with --warm-start M only")
+    if args.compare and job.full_set:
+        raise UsageError(f"--compare trains ARD kernels, whose products cost O(N^2): not on all {data.n_train} "
+                         f"training points; add --n-train N (e.g. {CPU_DEFAULT_N_TRAIN}) to compare on a subset")
     if args.max_degree is not None and args.max_degree > data.d:
         raise UsageError(f"--max-degree {args.max_degree} exceeds the {data.d} input dimensions of {data.name}; "
                          f"use at most {data.d}")
     print(f"{data.name} split {data.split}: {note}; n_test={data.n_test}, d={data.d}, "
           f"{args.dtype} on {device}", file=report, flush=True)
-    kernels = [args.kernel] + ([k for k in COMPARE_KERNELS if k != args.kernel] if args.compare else [])
+    kernels = [job.kernel] + ([k for k in COMPARE_KERNELS if k != job.kernel] if args.compare else [])
     results = []
     for i, kernel in enumerate(kernels):
         if len(kernels) > 1 and not args.quiet:
             print(f"[{i + 1}/{len(kernels)}] {kernel}", file=sys.stderr, flush=True)
-        max_degree, num_projections = (args.max_degree, args.projections) if i == 0 else (None, None)
+        max_degree, num_projections = (args.max_degree, job.num_projections) if i == 0 else (None, None)
         if kernel not in GPYTORCH_KERNELS:
-            _warm_up(kernel, max_degree, num_projections, data, device, dtype, args)
+            _warm_up(kernel, max_degree, num_projections, data, device, dtype, args, recipe)
         torch.manual_seed(args.seed)
-        results.append(fit_evaluate(data.train_x, data.train_y, data.test_x, data.test_y, kernel=kernel,
-                                    max_degree=max_degree, num_projections=num_projections,
-                                    recipe=recipe if i == 0 else replace(recipe, noise_floor=NoiseFloor(None)),
-                                    y_scale=data.y_std, progress=not args.quiet))
+        own = recipe if i == 0 else replace(recipe, noise_floor=NoiseFloor(None))
+        with job_progress(own, kernel, data.n_train, enabled=not args.quiet) as progress:
+            results.append(fit_evaluate(data.train_x, data.train_y, data.test_x, data.test_y, kernel=kernel,
+                                        max_degree=max_degree, num_projections=num_projections, recipe=own,
+                                        y_scale=data.y_std, progress=progress))
     # The training mean and variance are 0 and 1 in standardized units, by construction.
     rmse, nlpd = gaussian_metrics(torch.zeros_like(data.test_y), torch.ones_like(data.test_y), data.test_y)
     mean_predictor = {"rmse": rmse, "nlpd": nlpd, "rmse_original": rmse * data.y_std,
@@ -155,7 +160,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         print(note, file=sys.stderr, flush=True)
     if args.plot is not None:
         plot_components(results[0].analysis, args.plot, x_mean=data.x_mean, x_std=data.x_std, y_mean=data.y_mean,
-                        y_std=data.y_std, title=f"{data.name} split {data.split}: {args.kernel}")
+                        y_std=data.y_std, title=f"{data.name} split {data.split}: {job.kernel}")
         print(f"wrote {args.plot}", file=report)
     if json_to_stdout(args.json):
         print(json.dumps(record, indent=2), file=out, flush=True)

@@ -24,6 +24,7 @@ from ..components import ComponentAnalysis
 from ..kernel_names import DEFAULT_KERNEL
 from ..validation import check_positive_number
 from . import steps
+from .progress import JobProgress
 from .recipe import NoiseFloor, Recipe
 from .steps import Analyzed, Evaluated, Fitted, Prepared
 
@@ -41,7 +42,8 @@ class RegressionResult:
     * ``kernel``, ``n_train``, ``d``, ``dtype``, ``device``, ``max_degree``, ``num_projections``,
       ``noise_floor``, ``solver`` (:class:`~lazykern.regression.Prepared`); ``iters``, ``lr``,
       ``optimizer`` (its recipe);
-    * ``optimizer_used``, ``tolerance``, ``warm_start_size``, ``final_loss``, ``evaluations``,
+    * ``optimizer_used``, ``tolerance``, ``warm_start_size``, ``warm_start_iterations``, ``final_loss``,
+      ``evaluations``,
       ``iterations``, ``converged``, ``stop_reason``, ``float64_from``, ``memory_measure``
       (:class:`~lazykern.regression.Fitted`);
     * ``n_test``, ``rmse``, ``nlpd``, ``rmse_original``, ``nlpd_original``, ``computed_dtype``,
@@ -85,7 +87,7 @@ class RegressionResult:
             "device": p.device, "iters": p.recipe.iters, "lr": p.recipe.lr, "optimizer": p.recipe.optimizer,
             "optimizer_used": f.optimizer_used, "tolerance": f.tolerance, "max_degree": p.max_degree,
             "num_projections": p.num_projections, "warm_start_size": f.warm_start_size,
-            "noise_floor": p.noise_floor, "solver": p.solver, "rmse": e.rmse, "nlpd": e.nlpd,
+            "warm_start_iterations": f.warm_start_iterations, "noise_floor": p.noise_floor, "solver": p.solver, "rmse": e.rmse, "nlpd": e.nlpd,
             "rmse_original": e.rmse_original, "nlpd_original": e.nlpd_original,
             "train_seconds": f.seconds + p.floor_seconds, "predict_seconds": e.seconds,
             "peak_memory_mb": max(f.peak_memory_mb, e.peak_memory_mb), "memory_measure": f.memory_measure,
@@ -125,7 +127,7 @@ def fit_evaluate(
     recipe: Recipe | None = None,
     y_scale: float = 1.0,
     analyze: bool = True,
-    progress: bool = True,
+    progress: bool | JobProgress = True,
     iters: int = Recipe.iters,
     lr: float | None = Recipe.lr,
     optimizer: str = Recipe.optimizer,
@@ -150,7 +152,8 @@ def fit_evaluate(
         recipe: how to train and evaluate (:class:`~lazykern.regression.Recipe`).
         y_scale: standard deviation used to standardize the targets.
         analyze: for additive and interaction kernels, run the component analysis after training.
-        progress: show progress bars during training.
+        progress: show progress bars during training; or a
+            :class:`~lazykern.regression.progress.JobProgress`, one line for the whole job.
         iters, lr, optimizer, tolerance, max_cholesky_size, warm_start_size, noise_floor: the
             recipe's fields given one by one (``noise_floor`` also as the policy of a
             :class:`~lazykern.regression.NoiseFloor`), the older form of ``recipe``; beside a
@@ -172,6 +175,6 @@ def fit_evaluate(
     model, likelihood, prepared = steps.prepare(train_x, train_y, kernel, recipe, max_degree=max_degree,
                                                 num_projections=num_projections, progress=progress)
     fitted = steps.fit(model, likelihood, prepared, progress=progress)
-    evaluated = steps.evaluate(model, likelihood, prepared, test_x, test_y, y_scale=y_scale)
+    evaluated = steps.evaluate(model, likelihood, prepared, test_x, test_y, y_scale=y_scale, progress=progress)
     analyzed, analysis = steps.analyze(model, prepared) if analyze else (Analyzed(), None)
     return RegressionResult(prepared, fitted, evaluated, analyzed, model, likelihood, analysis)

@@ -47,7 +47,8 @@ from . import prediction
 from .model import ExactGPRegressor, build_model, hyperparameters
 from .recipe import Recipe, learns_projections
 from .selection import fit_ard, scale_learned_directions, warm_start
-from .training import NUMERICAL_FAILURES, resolve_optimizer, to_float64, train
+from .progress import JobProgress, in_phase
+from .training import NUMERICAL_FAILURES, TrainingLog, resolve_optimizer, to_float64, train
 
 __all__ = ["Analyzed", "Evaluated", "Fitted", "Prepared", "analyze", "evaluate", "fit", "prepare"]
 
@@ -102,6 +103,8 @@ class Fitted:
         optimizer_used: the optimizer that ran, ``"lbfgs"`` or ``"adam"`` (``"auto"`` resolved).
         tolerance: the convergence threshold training used.
         warm_start_size: points of the exact fit training started from, or ``None`` without one.
+        warm_start_iterations: L-BFGS iterations of that fit (its own budget,
+            :attr:`~lazykern.regression.Recipe.warm_start_budget`), or ``None``.
         final_loss: last training loss (negative marginal log likelihood per point).
         evaluations: loss evaluations (Adam: its steps; L-BFGS: every evaluation, line search included).
         iterations: optimizer iterations (see :class:`~lazykern.regression.TrainingLog`).
@@ -125,6 +128,7 @@ class Fitted:
     optimizer_used: str
     tolerance: float
     warm_start_size: int | None
+    warm_start_iterations: int | None
     final_loss: float
     evaluations: int
     iterations: int
@@ -211,7 +215,7 @@ class Analyzed:
 
 def prepare(
     train_x: Tensor, train_y: Tensor, kernel: str | Kernel = DEFAULT_KERNEL, recipe: Recipe | None = None, *,
-    max_degree: int | None = None, num_projections: int | None = None, progress: bool = True,
+    max_degree: int | None = None, num_projections: int | None = None, progress: bool | JobProgress = True,
 ) -> tuple[ExactGPRegressor, gpytorch.likelihoods.GaussianLikelihood, Prepared]:
     """Resolve the recipe (``max_cholesky_size``) and its noise floor on the training data, and build
     the model (:func:`~lazykern.regression.build_model`): everything the later steps read.
@@ -222,7 +226,8 @@ def prepare(
         recipe: the :class:`~lazykern.regression.Recipe` (default: ``Recipe()``).
         max_degree: highest interaction order of a named ``additive-ng`` or ``oak`` kernel.
         num_projections: number of projections of a named projected kernel (``dpa-...``, ``rpa-...``).
-        progress: show the progress bar of the noise floor's ARD fit, where there is one.
+        progress: show the progress bar of the ARD fit, where there is one; a
+            :class:`~lazykern.regression.progress.JobProgress` counts it as its ``"ARD fit"`` phase.
 
     Returns:
         ``(model, likelihood, prepared)``.
@@ -236,7 +241,7 @@ def prepare(
         (0.1, 'cholesky', True)
     """
     recipe = (Recipe() if recipe is None else recipe).resolved()
-    with Stopwatch(train_x.device) as clock:
+    with Stopwatch(train_x.device) as clock, in_phase(progress, "ARD fit"):
         ard = (fit_ard(train_x, train_y, recipe.ard_start, recipe.warm_start_budget, progress)
                if recipe.ard_start and learns_projections(kernel) else None)
         floor = recipe.noise_floor.resolve(kernel, train_x, train_y, iters=recipe.iters, progress=progress,
@@ -261,7 +266,7 @@ def prepare(
 
 
 def fit(model: ExactGPRegressor, likelihood: gpytorch.likelihoods.Likelihood, prepared: Prepared, *,
-        progress: bool = True) -> Fitted:
+        progress: bool | JobProgress = True) -> Fitted:
     """Train the model by the prepared recipe: from a subset's exact fit where the recipe asks for one
     (:func:`~lazykern.regression.warm_start`, at most ``warm_start_budget`` iterations), then on all
     points (:func:`~lazykern.regression.train`, which steps into float64 where float32 fails).
@@ -273,7 +278,9 @@ def fit(model: ExactGPRegressor, likelihood: gpytorch.likelihoods.Likelihood, pr
     Args:
         model, likelihood: from :func:`prepare`.
         prepared: :func:`prepare`'s record.
-        progress: show the progress bars of the warm start and of training.
+        progress: show the progress bars of the warm start and of training; a
+            :class:`~lazykern.regression.progress.JobProgress` counts them as its ``"subset fit"`` and
+            ``"training"`` phases.
 
     Example:
         >>> import torch
@@ -288,19 +295,23 @@ def fit(model: ExactGPRegressor, likelihood: gpytorch.likelihoods.Likelihood, pr
     with PeakMemory(device) as peak, _solves(recipe):
         optimizer_used = resolve_optimizer(recipe.optimizer, prepared.n_train)
         with Stopwatch(device) as clock:
-            warm_notes = _warm_start(model, likelihood, recipe, progress) if warmed else ()
-            log = train(model, likelihood, iters=recipe.iters, lr=recipe.lr, progress=progress,
-                        optimizer=recipe.optimizer, tolerance=recipe.tolerance)
+            with in_phase(progress, "subset fit"):
+                warm_log = _warm_start(model, likelihood, recipe, progress) if warmed else None
+            with in_phase(progress, "training"):
+                log = train(model, likelihood, iters=recipe.iters, lr=recipe.lr, progress=progress,
+                            optimizer=recipe.optimizer, tolerance=recipe.tolerance)
     return Fitted(
         optimizer_used=optimizer_used,
         tolerance=log.tolerance,
         warm_start_size=recipe.warm_start_size if warmed else None,
+        warm_start_iterations=warm_log.iterations if warm_log else None,
         final_loss=log[-1],
         evaluations=log.evaluations,
         iterations=log.iterations,
         converged=log.converged,
         stop_reason=log.stop_reason,
-        interventions=(*warm_notes, *log.interventions),
+        interventions=(*(f"warm start ({recipe.warm_start_size} points): {note}" for note in
+                         (warm_log.interventions if warm_log else ())), *log.interventions),
         float64_from=log.float64_from,
         seconds=clock.seconds,
         peak_memory_mb=peak.mb,
@@ -321,11 +332,9 @@ def _solves(recipe: Recipe) -> contextlib.ExitStack:
 
 
 def _warm_start(model: ExactGPRegressor, likelihood: gpytorch.likelihoods.Likelihood, recipe: Recipe,
-                progress: bool) -> tuple[str, ...]:
-    """The recipe's warm start: what the subset's fit had to do (its ``interventions``, said as the
-    warm start's)."""
-    log = warm_start(model, likelihood, recipe.warm_start_size, iters=recipe.warm_start_budget, progress=progress)
-    return tuple(f"warm start ({recipe.warm_start_size} points): {note}" for note in log.interventions)
+                progress: bool | JobProgress) -> TrainingLog:
+    """The recipe's warm start: the subset's fit, at most its own budget of iterations."""
+    return warm_start(model, likelihood, recipe.warm_start_size, iters=recipe.warm_start_budget, progress=progress)
 
 
 def check_test_data(train_x: Tensor, test_x: Tensor, test_y: Tensor) -> None:
@@ -338,7 +347,8 @@ def check_test_data(train_x: Tensor, test_x: Tensor, test_y: Tensor) -> None:
 
 
 def evaluate(model: ExactGPRegressor, likelihood: gpytorch.likelihoods.Likelihood, prepared: Prepared,
-             test_x: Tensor, test_y: Tensor, *, y_scale: float = 1.0) -> Evaluated:
+             test_x: Tensor, test_y: Tensor, *, y_scale: float = 1.0,
+             progress: bool | JobProgress = False) -> Evaluated:
     r"""Predict the test data (:func:`~lazykern.regression.predict`; a float32 model whose prediction
     fails or whose mean's conjugate gradients stall predicts again in float64), check LOVE's variances
     on the conjugate-gradient path (LOVE's, or the grid's where the structured engine's grid models
@@ -355,6 +365,8 @@ def evaluate(model: ExactGPRegressor, likelihood: gpytorch.likelihoods.Likelihoo
         prepared: :func:`prepare`'s record.
         test_x, test_y: ``(m, d)`` and ``(m,)`` test data.
         y_scale: standard deviation used to standardize the targets.
+        progress: the :class:`~lazykern.regression.progress.JobProgress` whose ``"prediction"`` and
+            ``"variance check"`` phases these are, or a bool (nothing to show).
 
     Example:
         >>> import torch
@@ -370,9 +382,11 @@ def evaluate(model: ExactGPRegressor, likelihood: gpytorch.likelihoods.Likelihoo
     device = model.train_inputs[0].device
     with PeakMemory(device) as peak, _solves(prepared.recipe):
         with Stopwatch(device) as clock:
-            mean, variance, source, notes = _predict_in_float64_if_needed(model, likelihood, test_x)
-            off = prediction.variances_off(model, likelihood, test_x, variance, source) \
-                if prepared.solver == "cg" else None
+            with in_phase(progress, "prediction"):
+                mean, variance, source, notes = _predict_in_float64_if_needed(model, likelihood, test_x)
+            with in_phase(progress, "variance check"):
+                off = prediction.variances_off(model, likelihood, test_x, variance, source) \
+                    if prepared.solver == "cg" else None
     rmse, nlpd = prediction.gaussian_metrics(mean, variance, test_y.to(mean))
     if off:
         notes.append(off)

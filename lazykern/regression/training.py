@@ -32,6 +32,7 @@ from torch import Tensor
 from ..kernel_names import OPTIMIZERS, TOLERANCES
 from ..validation import check_positive_int, check_positive_number
 from .likelihood import ExactMLL
+from .progress import JobProgress, progress_bar
 
 __all__ = ["ADAM_PLATEAU_WINDOW", "NUMERICAL_FAILURES", "OPTIMIZERS", "TOLERANCES", "TrainingLog", "check_optimizer",
            "on_conjugate_gradients", "refines_in_float64", "resolve_optimizer", "to_float64", "train",
@@ -146,7 +147,7 @@ def train(
     likelihood: gpytorch.likelihoods.Likelihood,
     iters: int = 200,
     lr: float | None = None,
-    progress: bool = True,
+    progress: bool | JobProgress = True,
     *,
     optimizer: str = "auto",
     tolerance: float | None = None,
@@ -188,7 +189,8 @@ def train(
         iters: most optimizer iterations.
         lr: initial step: default 1 for L-BFGS (the line search adapts it), 0.1 for Adam.
         progress: show a tqdm progress bar (on stderr) counting optimizer iterations, with the best
-            loss so far.
+            loss so far; or the :class:`~lazykern.regression.progress.JobProgress` of a whole job, whose
+            current phase the iterations count in.
         optimizer: one of :data:`OPTIMIZERS`.
         tolerance: convergence threshold on the loss (nats per training point); default: the
             optimizer's, :data:`~lazykern.kernel_names.TOLERANCES` (L-BFGS 1e-6, Adam 1e-4).
@@ -202,8 +204,6 @@ def train(
         >>> log.converged, log.iterations <= 100, log[-1] <= log[0]
         (True, True, True)
     """
-    from tqdm.auto import tqdm
-
     optimizer, tolerance = _checked_options(model, iters, lr, optimizer, tolerance)
     model.train()
     likelihood.train()
@@ -213,7 +213,7 @@ def train(
         log.float64_from = 0
     best = _Best(model)
     objective = _objective(model, ExactMLL(likelihood, model), log, best)
-    with tqdm(total=iters, desc=f"training ({optimizer})", disable=not progress, leave=False) as bar:
+    with progress_bar(progress, iters, f"training ({optimizer})") as bar:
         _run_stages(model, log, best, objective, optimizer, iters, lr, tolerance, bar)
     return log
 
