@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..kernel_names import COMPARE_KERNELS
+from .parser import CPU_DEFAULT_N_TRAIN
 
 __all__ = ["results_text", "comparison_text", "training_notes"]
 
@@ -153,5 +154,6 @@ def comparison_text(record: dict[str, Any]) -> str:
     for r in [record, *record.get("compare", [])]:
         lines += [f"  {line}" for line in _readings(r, record["mean_predictor"])]
     if "compare" not in record:
-        lines.append(f"  (--compare also trains {' and '.join(COMPARE_KERNELS)} on this split)")
+        subset = " (with --n-train N: on a subset)" if record.get("n_train", 0) > CPU_DEFAULT_N_TRAIN else ""
+        lines.append(f"  (--compare also trains {' and '.join(COMPARE_KERNELS)} on this split{subset})")
     return "\n".join(lines)
