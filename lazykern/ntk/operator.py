@@ -152,8 +152,7 @@ class NTKOperator(LinearOperator):
     @property
     def num_outputs_per_input(self) -> tuple[int, int]:
         """Rows and columns per sample (``k`` in full mode, 1 in trace mode), as in ``KernelLinearOperator``."""
-        k = self.plan.k if self.plan.mode == "full" else 1
-        return k, k
+        return self._k, self._k
 
     def _transpose_nonbatch(self) -> "NTKOperator":
         return self._new(self.x2, self.x1)
