@@ -183,13 +183,17 @@ def load_file(path: str, symbol: str, argtypes: list, defines: dict[str, str] | 
 
 def command(source_file: str, lib: str, flags: str, include: tuple[str, ...]) -> list[str]:
     """The compiler's command line that builds the shared library ``lib`` from the C file
-    ``source_file`` with ``flags``, searching the folders ``include`` for headers in that order.
+    ``source_file`` with ``flags``, searching the folders ``include`` for headers in that order; a
+    ``RuntimeError`` where there is no :func:`compiler`.
 
     Example:
         >>> command("a.c", "a.so", "-O2", ("/h",))[1:]
         ['-O2', '-I/h', 'a.c', '-o', 'a.so', '-lm']
     """
-    return [compiler(), *flags.split(), *(f"-I{folder}" for folder in include), source_file, "-o", lib, "-lm"]
+    cxx = compiler()
+    if cxx is None:
+        raise RuntimeError("lazykern's CPU engines need a C compiler on PATH: $CXX, else g++")
+    return [cxx, *flags.split(), *(f"-I{folder}" for folder in include), source_file, "-o", lib, "-lm"]
 
 
 def _key(source: str, include: tuple[str, ...]) -> str:
@@ -233,14 +237,12 @@ def _load_or_compile(source: str, include: tuple[str, ...], symbol: str, argtype
 
 
 def _compile(source: str, include: tuple[str, ...], flags: str, lib: str) -> None:
-    if compiler() is None:
-        raise RuntimeError("lazykern's CPU engines need a C compiler on PATH: $CXX, else g++")
     src = lib[:-3] + ".c"
     tmp_src, tmp_lib = f"{lib[:-3]}.{os.getpid()}.tmp.c", f"{lib}.{os.getpid()}.tmp"
+    cmd = command(src, tmp_lib, flags, include)  # first: it raises where there is no compiler
     with open(tmp_src, "w") as f:
         f.write(source)
     os.replace(tmp_src, src)
-    cmd = command(src, tmp_lib, flags, include)
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
