@@ -40,6 +40,7 @@ import os
 import shutil
 import subprocess
 import time
+from _ctypes import CFuncPtr  # ctypes' class of a loaded C function (ctypes._CFuncPtr), by its public name
 
 from ..cache_paths import CPU_CACHE_ENV, cpu_cache, cpu_model
 from ..compiler.programs import Programs
@@ -140,7 +141,7 @@ def loaded_programs() -> int:
     return len(_programs)
 
 
-def load_source(source: str, symbol: str, argtypes: list) -> "ctypes._CFuncPtr":
+def load_source(source: str, symbol: str, argtypes: list) -> CFuncPtr:
     """The function ``symbol`` of the C ``source``, compiled on first use, then cached on disk and in
     memory (``argtypes``: its ``ctypes`` argument types; it returns nothing). ``#include
     "lazykern.h"`` finds the header of :data:`INCLUDE_FOLDER`.
@@ -155,7 +156,7 @@ def load_source(source: str, symbol: str, argtypes: list) -> "ctypes._CFuncPtr":
     return _programs.get((source, symbol), lambda: _load_or_compile(source, (INCLUDE_FOLDER,), symbol, argtypes))
 
 
-def load_file(path: str, symbol: str, argtypes: list, defines: dict[str, str] | None = None) -> "ctypes._CFuncPtr":
+def load_file(path: str, symbol: str, argtypes: list, defines: dict[str, str] | None = None) -> CFuncPtr:
     """The function ``symbol`` of the C file ``path``, as :func:`load_source` with the file's own
     folder searched for headers after :data:`INCLUDE_FOLDER`, and each of ``defines`` a ``#define
     NAME VALUE`` line before the file's text (what a file leaves to its caller, such as an element
@@ -171,14 +172,14 @@ def load_file(path: str, symbol: str, argtypes: list, defines: dict[str, str] | 
         >>> scale(x); x[0]
         42.0
     """
-    defines = tuple((defines or {}).items())
+    definitions = tuple((defines or {}).items())
 
-    def build() -> ctypes._CFuncPtr:
+    def build() -> CFuncPtr:
         with open(path, encoding="utf-8") as f:
-            text = "".join(f"#define {name} {value}\n" for name, value in defines) + f.read()
+            text = "".join(f"#define {name} {value}\n" for name, value in definitions) + f.read()
         return _load_or_compile(text, (INCLUDE_FOLDER, os.path.dirname(os.path.abspath(path))), symbol, argtypes)
 
-    return _programs.get((path, defines, symbol), build)
+    return _programs.get((path, definitions, symbol), build)
 
 
 def command(source_file: str, lib: str, flags: str, include: tuple[str, ...]) -> list[str]:
@@ -209,7 +210,7 @@ def _key(source: str, include: tuple[str, ...]) -> str:
     return digest.hexdigest()[:24]
 
 
-def _load_or_compile(source: str, include: tuple[str, ...], symbol: str, argtypes: list) -> ctypes._CFuncPtr:
+def _load_or_compile(source: str, include: tuple[str, ...], symbol: str, argtypes: list) -> CFuncPtr:
     # Keyed by the source and its headers: a change of the code generator or of a header can never
     # load a stale library.
     key = _key(source, include)
