@@ -163,6 +163,7 @@ def choose_engine(formula: Formula, x1: Tensor, x2: Tensor, params: Mapping[str,
     if declared(formula).pair_width is not None:
         return Choice(TORCH)
     params = _in_name_order(params)
+    plan: Plan  # the engine's own kind: an additive form, a compiled reduction
     if min(n, m) >= STRUCTURED_MIN_POINTS and (plan := STRUCTURED.supports(formula, x1, x2, params)):
         return Choice(STRUCTURED, plan)
     if plan := CPU.supports(formula, x1, x2, params):
@@ -234,10 +235,10 @@ def _warn_once(message: str) -> None:
 def _triton_runs(formula: Formula | None, x1: Tensor | None, x2: Tensor | None,
                  params: Mapping[str, Tensor]) -> Plan | bool:
     """Whether lazykern's Triton engine runs here: its plan of ``formula`` on these tensors where a
-    formula is given, else whether it is available at all."""
+    formula (and its tensors) is given, else whether it is available at all."""
     if not TRITON.available():  # Triton not installed, or neither a GPU nor its interpreter
         return False
-    return True if formula is None else TRITON.supports(formula, x1, x2, params)
+    return True if formula is None or x1 is None or x2 is None else TRITON.supports(formula, x1, x2, params)
 
 
 def engine_report(device: torch.device | str | None = None) -> str:
@@ -327,13 +328,13 @@ def symmetric_gradients(
     params = _in_name_order(params)
     batch = x1.shape[:-2]
     shape = torch.broadcast_shapes(left.shape, right.shape)
-    left, right = fold_columns(left.expand(shape), batch), fold_columns(right.expand(shape), batch)
-    if left is None or right is None:
+    left_columns, right_columns = fold_columns(left.expand(shape), batch), fold_columns(right.expand(shape), batch)
+    if left_columns is None or right_columns is None:
         return None
     engine, plan = choose_engine(formula, x1, x2, params)
     if not engine.fuses_symmetric_gradient(formula):
         return None
-    return engine.symmetric_gradients(formula, x1, x2, params, left, right, plan)
+    return engine.symmetric_gradients(formula, x1, x2, params, left_columns, right_columns, plan)
 
 
 def _broadcast_rhs(x1: Tensor, rhs: Tensor) -> Tensor:

@@ -34,7 +34,7 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
-from typing import Iterator
+from typing import Any, Iterator
 
 __all__ = ["install", "silenced", "verbose"]
 
@@ -118,7 +118,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 def install() -> None:
     """Route KeOps' messages as described above from its first import on (once; where KeOps is
     already imported, its messages module is patched in place)."""
-    loaded = sys.modules.get(_MESSAGES)
+    loaded: Any = sys.modules.get(_MESSAGES)  # KeOps' module, whose print is replaced below
     if loaded is not None:
         loaded.print = _print_to_stderr
     elif not any(isinstance(f, _Finder) for f in sys.meta_path):

@@ -32,7 +32,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -66,19 +66,19 @@ def row_blocks(n: int, step: int) -> list[slice]:
     return [slice(start, start + step) for start in range(0, n, step)]
 
 
-def block_rows(formula: Formula, x1: Tensor, x2: Tensor, params: Sequence[Tensor]) -> int:
+def block_rows(formula: Formula, x1: Tensor, x2: Tensor, params: Collection[Tensor]) -> int:
     """Rows per block of ``formula`` on these inputs, within ``settings.chunk_bytes``."""
     return rows_per_chunk(x2.shape[-2], _pair_items(formula, x1, x2, params), x2.element_size())
 
 
-def block_columns(formula: Formula, x1: Tensor, x2: Tensor, params: Sequence[Tensor]) -> int:
+def block_columns(formula: Formula, x1: Tensor, x2: Tensor, params: Collection[Tensor]) -> int:
     """Columns per block of one row of ``formula`` on these inputs: all ``M`` where a row fits
     ``settings.chunk_bytes``, else as many as fit (a projected kernel's row of 10^4 points and
     500 terms is 20 MB in float32 per temporary, five times the default chunk)."""
     return min(x2.shape[-2], rows_per_chunk(1, _pair_items(formula, x1, x2, params), x2.element_size()))
 
 
-def _pair_items(formula: Formula, x1: Tensor, x2: Tensor, params: Sequence[Tensor]) -> int:
+def _pair_items(formula: Formula, x1: Tensor, x2: Tensor, params: Collection[Tensor]) -> int:
     # A block holds rows x M x (numbers per pair) for every member of the kernel's batch at once. A
     # formula that multiplies matrices instead of broadcasting (the NTK's) says how many numbers it
     # holds per pair; the default is the D of a distance-based formula's broadcast.

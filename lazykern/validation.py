@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal, TypeGuard, cast, overload
 
 import torch
 from torch import Tensor
@@ -75,9 +76,8 @@ def check_kernel_inputs(
         num_dims_name: the constructor argument that fixed ``num_dims``, for the message.
         dtype: the kernel's parameter dtype (``None``: the inputs' alone).
     """
-    _check_input("x1", x1)
-    if x2 is not x1:  # K(X, X): one scan of a large input, not two
-        _check_input("x2", x2)
+    x1 = _check_input("x1", x1)
+    x2 = x1 if x2 is x1 else _check_input("x2", x2)  # K(X, X): one scan of a large input, not two
     result = torch.promote_types(x1.dtype, x2.dtype)
     if dtype is not None:
         result = torch.promote_types(result, dtype)
@@ -99,6 +99,14 @@ def check_kernel_inputs(
             f"{num_dims} ({num_dims_name}={num_dims})"
         )
     return result
+
+
+@overload
+def check_positive_int(name: str, value: object, *, optional: Literal[False] = False) -> int: ...
+
+
+@overload
+def check_positive_int(name: str, value: object, *, optional: bool) -> int | None: ...
 
 
 def check_positive_int(name: str, value: object, *, optional: bool = False) -> int | None:
@@ -129,13 +137,10 @@ def check_positive_ints(name: str, values: object) -> tuple[int, ...]:
         Traceback (most recent call last):
         ValueError: columns must be a non-empty sequence of positive ints, got (0,)
     """
-    try:
-        items = tuple(values)
-    except TypeError:  # not iterable
-        items = ()
+    items = tuple(values) if isinstance(values, Iterable) else ()
     if not items or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in items):
         raise ValueError(f"{name} must be a non-empty sequence of positive ints, got {values!r}")
-    return items
+    return cast("tuple[int, ...]", items)  # every item was checked an int above
 
 
 def check_positive_number(name: str, value: object) -> float:
@@ -166,6 +171,14 @@ def check_process_group(name: str, group: object):
     return group
 
 
+@overload
+def check_non_negative_int(name: str, value: object, *, optional: Literal[False] = False) -> int: ...
+
+
+@overload
+def check_non_negative_int(name: str, value: object, *, optional: bool) -> int | None: ...
+
+
 def check_non_negative_int(name: str, value: object, *, optional: bool = False) -> int | None:
     """``value`` must be an int >= 0 (``bool`` excluded), or ``None`` where ``optional``.
 
@@ -192,10 +205,10 @@ def check_positive_int_at_most(name: str, value: object, limit: int, limit_text:
         Traceback (most recent call last):
         ValueError: max_degree must be at most num_dims=4, got 5
     """
-    check_positive_int(name, value)
-    if value > limit:
+    number = check_positive_int(name, value)
+    if number > limit:
         raise ValueError(f"{name} must be at most {limit_text}, got {value!r}")
-    return value
+    return number
 
 
 def check_choice(name: str, value: object, choices: tuple) -> object:
@@ -244,7 +257,7 @@ def check_index_groups(name: str, groups: object) -> tuple[tuple[int, ...], ...]
     """
     message = f"{name} must be a non-empty sequence of non-empty sequences of distinct non-negative column indices"
 
-    def is_sequence(x: object) -> bool:
+    def is_sequence(x: object) -> TypeGuard[Sequence[Any]]:
         return isinstance(x, Sequence) and not isinstance(x, (str, bytes)) and len(x) > 0
 
     if not is_sequence(groups):
@@ -300,7 +313,8 @@ def check_projections(name: str, value: object, num_dims: int, num_projections: 
         ValueError: projections must have shape (num_dims, num_projections) = (3, 4), got (3, 2)
     """
     if isinstance(value, str):
-        return check_choice(name, value, choices)
+        check_choice(name, value, choices)
+        return value
     if not isinstance(value, Tensor):
         raise TypeError(f"{name} must be one of {choices} or a torch.Tensor, got {type(value).__name__}")
     if value.dtype not in _FLOATS:

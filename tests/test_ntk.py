@@ -511,6 +511,18 @@ def test_conjugate_gradient_solve(backend: str) -> None:
     assert_close(solution, exact, rtol=1e-4)
 
 
+def test_outputs_per_input() -> None:
+    """Rows and columns per sample, ``k`` in full mode: where the sharded operator may cut its row
+    blocks (:func:`lazykern.distributed.operator.rows_per_input`), never through a sample's outputs."""
+    from lazykern.distributed.operator import rows_per_input
+
+    model, x1, _ = build("residual_mlp", n1=3)
+    k = reference(model, x1[:1], x1[:1], "full").shape[0]
+    full, trace = empirical_ntk(model, x1, mode="full"), empirical_ntk(model, x1, mode="trace")
+    assert k > 1 and full.num_outputs_per_input == (k, k) and rows_per_input(full) == k
+    assert trace.num_outputs_per_input == (1, 1) and rows_per_input(trace) == 1
+
+
 def test_fallback_warning_names_module() -> None:
     class Scale(nn.Module):
         def __init__(self) -> None:

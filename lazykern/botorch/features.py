@@ -86,6 +86,9 @@ class _TermAmplitudes(TensorTransform):
     """Multiplies the sine and cosine of each frequency by :math:`\\sqrt{s_t / p_t}`, with the term
     weights :math:`s_t` read from the kernel when the map is evaluated."""
 
+    term_of_pair: Tensor  # buffers (registered below)
+    pairs_per_term: Tensor
+
     def __init__(self, kernel: Kernel, term_weights: Callable[[Kernel], Tensor], term_of_pair: Tensor,
                  pairs_per_term: Tensor) -> None:
         super().__init__()
@@ -94,7 +97,7 @@ class _TermAmplitudes(TensorTransform):
         self.register_buffer("term_of_pair", term_of_pair)
         self.register_buffer("pairs_per_term", pairs_per_term)
 
-    def forward(self, values: Tensor) -> Tensor:
+    def forward(self, values: Tensor) -> Tensor:  # type: ignore[override]  # BoTorch's own transforms take no **kwargs either
         weights = self.term_weights(self.kernel).to(values)  # (*batch, 1, terms)
         amplitude = (weights / self.pairs_per_term.to(values)).sqrt()[..., self.term_of_pair]
         return values * torch.cat([amplitude, amplitude], dim=-1)
@@ -107,7 +110,7 @@ class _InversePeriodTransform(TensorTransform):
         super().__init__()
         self.kernel = kernel
 
-    def forward(self, values: Tensor) -> Tensor:
+    def forward(self, values: Tensor) -> Tensor:  # type: ignore[override]  # BoTorch's own transforms take no **kwargs either
         return values * (2 * math.pi / self.kernel.period_length)
 
 
@@ -331,6 +334,9 @@ class OrthogonalFeatureMap(FeatureMap):
         True
     """
 
+    frequency: Tensor  # buffers (registered below)
+    phase: Tensor
+
     def __init__(self, kernel: OrthogonalAdditiveKernel, num_outputs: int) -> None:
         super().__init__()
         self.kernel = kernel
@@ -345,13 +351,14 @@ class OrthogonalFeatureMap(FeatureMap):
         # chains its outputscale onto this transform).
         self.output_transform = _ImportanceWeights(kernel, self.subsets)
 
+    # BoTorch's FeatureMap declares these as attributes, its own maps (KernelFeatureMap) as properties.
     @property
-    def num_outputs(self) -> int:
+    def num_outputs(self) -> int:  # type: ignore[override]
         """The number of features F."""
         return self.frequency.shape[-2]
 
     @property
-    def batch_shape(self) -> Size:
+    def batch_shape(self) -> Size:  # type: ignore[override]  # as num_outputs
         """The kernel's batch shape."""
         return self.kernel.batch_shape
 
@@ -375,6 +382,7 @@ class OrthogonalFeatureMap(FeatureMap):
             psi = math.sqrt(2) * (torch.cos(omega * u[..., d:d + 1] + phase) - a[..., d:d + 1] * mean_of_psi)
             factor = torch.where(member[d].bool(), psi, torch.ones_like(psi))
             product = factor if product is None else product * factor
+        assert product is not None  # one dimension at least
         return product
 
 
@@ -386,7 +394,7 @@ class _ImportanceWeights(TensorTransform):
         self.kernel = kernel
         self.subsets = subsets
 
-    def forward(self, values: Tensor) -> Tensor:
+    def forward(self, values: Tensor) -> Tensor:  # type: ignore[override]  # BoTorch's own transforms take no **kwargs either
         return values * self.subsets.weights(self.kernel).sqrt()
 
 

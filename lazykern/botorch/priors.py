@@ -101,7 +101,7 @@ def additive_priors(kernel: Kernel) -> Kernel:
     """
     terms, scale = family_of(kernel)
     base = None if terms is None else terms.lengthscale_kernel
-    if base is None or terms.variance_weights is None:
+    if terms is None or base is None or terms.variance_weights is None:
         inner = f"({type(scale.base_kernel).__name__})" if scale is not None else ""
         raise TypeError(
             "additive_priors: kernel must be an AdditiveStructureKernel (lazykern's or GPyTorch's), GroupAdditiveKernel, "
@@ -121,6 +121,7 @@ def _weight_priors(terms: LazyKernel, scale: ScaleKernel | None) -> None:
     """The priors of :func:`additive_priors` on the weights that share the variance of ``terms``
     among its T terms (each 1/T), on per-dimension factors besides them (1), and on the output scale
     of ``scale`` (1, or the terms' 1/T where their weights are fixed)."""
+    assert terms.variance_weights is not None  # additive_priors takes only kernels that have them
     name, count = terms.variance_weights
     share, outer_share = 1.0 / count, 1.0
     if hasattr(terms, f"raw_{name}"):

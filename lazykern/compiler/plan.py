@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Hashable, Mapping
 
 import torch
 from torch import Tensor
@@ -166,12 +166,13 @@ def param_spec(params: Mapping[str, Tensor]) -> tuple[tuple[str, int], ...]:
 
 def program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, dtype: str, want: tuple[str, ...] = ()) -> Reduction:
     """The reduction of ``job`` (cached per formula when the formula is hashable)."""
-    try:
-        return _cached_program(formula, job, d1, d2, pspec, dtype, want)
-    except TypeError as err:  # an unhashable formula object: build it every time (tracing is cheap)
-        if "unhashable" not in str(err):
-            raise
-        return _build_program(formula, job, d1, d2, pspec, dtype, want)
+    if isinstance(formula, Hashable):
+        try:
+            return _cached_program(formula, job, d1, d2, pspec, dtype, want)
+        except TypeError as err:  # a formula with an unhashable field
+            if "unhashable" not in str(err):
+                raise
+    return _build_program(formula, job, d1, d2, pspec, dtype, want)  # unhashable: built each time (tracing is cheap)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -197,7 +198,7 @@ def _build_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, d
     else:
         root = trace(formula, g, "o", "i", params, d1, d2)
         d_outer = d1
-    base = dict(outer=("o",), inner=("i",), params=names, dtype=dtype)
+    base: dict[str, Any] = dict(outer=("o",), inner=("i",), params=names, dtype=dtype)
     if job == "mm":
         nodes, new = compact(g, [root])
         return Reduction(nodes=nodes, weights=(), outer_vecs=0, inner_vecs=1, sums=(), matmul=(new[root], 0), store=None, **base)
@@ -210,26 +211,26 @@ def _build_program(formula: Formula, job: str, d1: int, d2: int, pspec: tuple, d
     if job in ("sym", "sym-pair"):
         w1 = g.leaf("w1", 1)
         pair = job == "sym-pair"
-        weights = (("w0", "pair"), ("w1", "pair")) if pair else (("w0", "dot", 0, 0), ("w1", "dot", 1, 1))
+        weights: tuple[tuple, ...] = (("w0", "pair"), ("w1", "pair")) if pair else (("w0", "dot", 0, 0), ("w1", "dot", 1, 1))
         if declared(formula).symmetric:  # dk(x_j, x_i)/dx_i = dk(x_i, x_j)/dx_i
             seeds_x = [(root, g.binary("add", w0, w1))]
         else:
             seeds_x = [(root, w0), (trace(formula, g, "i", "o", params, d1, d2), w1)]
-        outs = []
+        adjoint_nodes = []
         if "x" in want:
-            outs.append(adjoints(g, seeds_x, [o])[o])
+            adjoint_nodes.append(adjoints(g, seeds_x, [o])[o])
         pgrads = adjoints(g, [(root, w0)], [leaves[n] for n in params])
-        outs += [pgrads[leaves[n]] for n in params if n in want]
+        adjoint_nodes += [pgrads[leaves[n]] for n in params if n in want]
         ovecs = ivecs = 0 if pair else 2
     else:
         pair = job.endswith("-pair")
         weights = (("w0", "pair"),) if pair else (("w0", "dot", 0, 0),)
         grads = adjoints(g, [(root, w0)], [leaves[n] for n in ("x", *params)])
-        outs = [grads[leaves[n]] for n in ("x", *params) if n in want]
+        adjoint_nodes = [grads[leaves[n]] for n in ("x", *params) if n in want]
         ovecs = ivecs = 0 if pair else 1
     # A leaf the kernel does not depend on gets an explicit zero: the output layout stays fixed.
     outs = [g.const(0.0, g.width(leaves[n])) if e is None else g.expand(e, g.width(leaves[n]))
-            for e, n in zip(outs, [n for n in ("x", *params) if n in want])]
+            for e, n in zip(adjoint_nodes, [n for n in ("x", *params) if n in want])]
     matmul_root = root if (job == "gradB" and "rhs" in want) else None
     nodes, new = compact(g, outs + ([matmul_root] if matmul_root is not None else []))
     return Reduction(

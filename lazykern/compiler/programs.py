@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 import threading
-from typing import Callable, Hashable, TypeVar
+from typing import Any, Callable, Hashable, TypeVar
 
 __all__ = ["Programs"]
 
@@ -26,7 +26,8 @@ class Programs:
     """Built programs by key; :meth:`get` builds a missing one once, under a lock."""
 
     def __init__(self) -> None:
-        self._built: dict[Hashable, object] = {}
+        # Each key's builder decides its program's type: the table holds whatever they built.
+        self._built: dict[Hashable, Any] = {}
         self._lock = threading.Lock()
 
     def get(self, key: Hashable, build: Callable[[], T]) -> T:

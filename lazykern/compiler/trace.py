@@ -150,6 +150,7 @@ class Graph:
                 k >>= 1
                 if k:
                     base = self.binary("mul", base, base)
+            assert result is not None  # k >= 2 has a set bit
             return result if p > 0 else self.binary("div", self.const(1.0), result)
         return self._add("pow", (a,), float(p), self.width(a))
 

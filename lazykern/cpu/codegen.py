@@ -44,6 +44,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..compiler.ops import OPS, lookup
 from ..compiler.plan import Reduction, analyze, compact
 from ..compiler.trace import Node
@@ -475,7 +477,7 @@ class _Writer:
     def _const(self, value: float) -> str:
         return f"(T)({value!r})"
 
-    def _apply(self, op: str, args: list[str], attr: object = None) -> str:
+    def _apply(self, op: str, args: list[str], attr: Any = None) -> str:
         """The C expression of elementwise ``op`` (its ``attr``: the exponent of ``pow``) on ``args``."""
         code = lookup(CODE, op, "lazykern.cpu.codegen.CODE")
         return code.format(*args, f=self.suffix, p=self._const(attr) if op == "pow" else None)
@@ -512,6 +514,7 @@ def _recurrence_code(nodes, z, operand, out: str, stride: str, lanes: str, scrat
         lines += ["  " + x for x in _esym_step(out, zj, r_max, stride, simd)] + ["}"]
         return lines + ["}"]
     adjoint = operand(node.args[1], "eq")
+    assert scratch is not None  # an esym_vjp keeps its states in scratch (never a row value)
     return lines + _esym_vjp_code(zj, adjoint, r_max, d, out, stride, simd, scratch) + ["}"]
 
 

@@ -18,6 +18,7 @@ import ctypes
 import functools
 import platform
 import sys
+from _ctypes import CFuncPtr  # ctypes' class of a loaded C function (ctypes._CFuncPtr), by its public name
 from typing import Mapping
 
 import torch
@@ -41,7 +42,7 @@ _REDUCE_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 6
 _programs = Programs()  # by Reduction: its source is generated once
 
 
-def load(red: Reduction) -> ctypes._CFuncPtr:
+def load(red: Reduction) -> CFuncPtr:
     """The compiled function of ``red`` (generated and compiled on first use, then cached on disk
     and in memory: :func:`lazykern.native.load_source`)."""
     return _programs.get(red, lambda: load_source(generate(red), "lk_reduce", _REDUCE_ARGTYPES))

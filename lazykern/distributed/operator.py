@@ -20,7 +20,8 @@ __all__ = ["ShardedOperator", "shard"]
 
 def _children(op: LinearOperator) -> list[tuple[str, Any]]:
     """The arguments an operator's representation is made of, named after the attributes holding them."""
-    named, seen = [], {}
+    named: list[tuple[str, Any]] = []
+    seen: dict[int, int] = {}  # by id(arg): how many of its holders are taken
     for i, arg in enumerate(op._args):
         holders = [k.lstrip("_") for k, v in vars(op).items() if v is arg and not k.startswith("__")]
         k = seen.get(id(arg), 0)

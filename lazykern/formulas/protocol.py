@@ -34,16 +34,24 @@ __all__ = ["Declarations", "Formula", "declared"]
 class Declarations(Protocol):
     """The facts about a formula that engines read (see the module docstring)."""
 
-    symmetric: bool
-    pair_width: int | None
-    param_names: tuple[str, ...]
+    # Read-only to engines: a formula may declare each as a class attribute or a property.
+    @property
+    def symmetric(self) -> bool: ...
+
+    @property
+    def pair_width(self) -> int | None: ...
+
+    @property
+    def param_names(self) -> tuple[str, ...]: ...
 
 
 @runtime_checkable
 class Formula(Declarations, Protocol):
     """A kernel formula: its declarations and its call on pairwise-expanded array-likes."""
 
-    def __call__(self, x1: Any, x2: Any, /, **params: Any) -> Any: ...
+    # Called as ``formula(x1, x2, **params)`` with the parameters it names (``param_names``); each
+    # formula spells its own signature (some take none), so the protocol leaves the call open.
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
 class _Undeclared:

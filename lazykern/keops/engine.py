@@ -111,7 +111,7 @@ class KeOpsEngine(Engine):
         files), and the reductions this process has loaded (:func:`lazykern.keops.loaded_reductions`).
         On a CUDA device the health check runs first (once per stack: :meth:`health`): its probe
         compiles into KeOps' folder too, and is no program of the caller's."""
-        folders = [(build_folder(), ("pykeops_cpp_",))]
+        folders: list[tuple[str, tuple[str, ...]]] = [(build_folder(), ("pykeops_cpp_",))]
         if device.type == "cuda":  # KeOps' GPU reductions go to its own folder, as cubin or PTX files
             from keopscore.config import config
 

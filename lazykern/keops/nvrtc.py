@@ -24,7 +24,7 @@ import os
 import re
 import subprocess
 import threading
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..cache_paths import keops_cache
 from .versions import VERSION_PROBLEM
@@ -136,7 +136,9 @@ def _select_jit_engine() -> str | None:
     from filelock import FileLock
     from keopscore.config import config
 
-    glc = importlib.import_module("keopscore.binders.nvrtc.Gpu_link_compile")
+    # Imported by name (it needs CUDA to import); Any: keopscore ships no types, and one of its
+    # functions is replaced below.
+    glc: Any = importlib.import_module("keopscore.binders.nvrtc.Gpu_link_compile")
     with open(glc.jit_compile_src) as f:
         source = patched_jit_source(f.read())
     # The compile command carries the GPUs' properties and the CUDA folders: part of the identity.

@@ -109,12 +109,12 @@ def one_dimensional_terms(
     d = x1.shape[-1]
     # Both sides transformed together: the inputs are centred on a shift taken from both.
     x1_, x2_, params = formula_inputs(base_kernel, x1, x2)
-    sides = [side.transpose(0, 1).unsqueeze(-1) for side in (x1_, x2_)]  # (D, *, 1)
+    left, right = (side.transpose(0, 1).unsqueeze(-1) for side in (x1_, x2_))  # (D, *, 1)
     # (*, 1, D) per-dimension parameters become a batch of D; shared ones broadcast.
     params = {n: p.reshape(-1, 1, 1) if p.shape[-1] == d else p.reshape(1, 1, -1) for n, p in params.items()}
     weights = weights.expand(*weights.shape[:-1], d).reshape(d, 1, 1)
     params.update(order_variances=weights, scales=torch.ones_like(weights))
-    return InteractionFormula(formula_for(base_kernel, additive=False), 1), *sides, params
+    return InteractionFormula(formula_for(base_kernel, additive=False), 1), left, right, params
 
 
 def _implied_num_dims(base_kernel: Kernel, active_dims: tuple[int, ...] | None) -> int | None:

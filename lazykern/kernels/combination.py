@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 import operator
+from typing import cast
 
 import gpytorch
 import torch
@@ -76,7 +77,10 @@ class ProductKernel(LazyKernelMixin, gpytorch.kernels.ProductKernel):
     def expand_batch(self, *sizes: torch.Size | tuple[int, ...] | int) -> "ProductKernel":
         """A copy whose factors are expanded to the batch shape ``sizes`` (GPyTorch's generic
         ``expand_batch`` leaves the factors of a product unexpanded)."""
-        shape = torch.Size(sizes[0]) if len(sizes) == 1 and not isinstance(sizes[0], int) else torch.Size(sizes)
+        if len(sizes) == 1 and not isinstance(sizes[0], int):
+            shape = torch.Size(sizes[0])
+        else:  # one int per dimension
+            shape = torch.Size(cast("tuple[int, ...]", sizes))
         new = copy.deepcopy(self)
         new.kernels = torch.nn.ModuleList([k.expand_batch(shape) for k in self.kernels])
         return new

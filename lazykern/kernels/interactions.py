@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from gpytorch.constraints import Interval, Positive
@@ -77,6 +77,9 @@ class NewtonGirardAdditiveKernel(AdditiveStructureKernel):
         >>> (kernel(x) @ torch.ones(1000, 1)).shape   # one lazy reduction, all three orders
         torch.Size([1000, 1])
     """
+
+    if TYPE_CHECKING:  # a plain class annotation would retype __init__'s num_dims in the API reference
+        num_dims: int  # given (WeightedTermsKernel allows None: any width)
 
     def __init__(
         self,
@@ -267,11 +270,11 @@ class OrthogonalAdditiveKernel(NewtonGirardAdditiveKernel):
         r"""Order 1, :math:`\frac{\sigma_1^2}{D} \sum_d s_d\, \tilde k_d(x_d, x'_d) / \bar v_d`: each
         dimension's orthogonalised term on its five features."""
         d = self.num_dims
-        sides = self.formula_arguments(x1, x2)[:2]  # (*, 5D): [u, g(u), a(u), log a(u), m]
-        sides = [side.reshape(side.shape[0], 5, d).permute(2, 0, 1) for side in sides]  # (D, *, 5)
+        left, right = (side.reshape(side.shape[0], 5, d).permute(2, 0, 1)  # (D, *, 5)
+                       for side in self.formula_arguments(x1, x2)[:2])  # (*, 5D): [u, g(u), a(u), log a(u), m]
         weights = self._first_order_weights().reshape(d, 1, 1)
         formula = InteractionFormula(StationaryFormula("rbf"), 1, kind="orthogonal")
-        return formula, *sides, {"order_variances": weights, "scales": torch.ones_like(weights)}
+        return formula, left, right, {"order_variances": weights, "scales": torch.ones_like(weights)}
 
 
 class GroupAdditiveKernel(WeightedTermsKernel):
@@ -302,6 +305,9 @@ class GroupAdditiveKernel(WeightedTermsKernel):
     """
 
     is_stationary = True
+
+    if TYPE_CHECKING:  # as NewtonGirardAdditiveKernel's
+        num_dims: int  # given, or found from the groups (WeightedTermsKernel allows None: any width)
 
     def __init__(
         self,

@@ -140,12 +140,12 @@ class ProjectedAdditiveKernel(WeightedTermsKernel):
         # The inputs, though, have d columns: what forward checks them against.
         self.num_dims = num_dims
         self.num_projections = num_projections
-        if given == "rpa":
-            directions = random_directions(num_dims, num_projections, seed)
-        elif given == "dpa":
-            directions = diverse_directions(num_dims, num_projections, seed)
-        else:
+        if isinstance(given, Tensor):
             directions = given
+        elif given == "rpa":
+            directions = random_directions(num_dims, num_projections, seed)
+        else:  # "dpa"
+            directions = diverse_directions(num_dims, num_projections, seed)
         # One copy per batch member, as GPyTorch indexes and expands every parameter and buffer.
         directions = directions.to(self._dtype()).expand(*self.batch_shape, num_dims, num_projections).clone()
         if learn_projections:

@@ -40,6 +40,7 @@ import os
 import shutil
 import subprocess
 import time
+from _ctypes import CFuncPtr  # ctypes' class of a loaded C function (ctypes._CFuncPtr), by its public name
 
 from ..cache_paths import CPU_CACHE_ENV, cpu_cache, cpu_model
 from ..compiler.programs import Programs
@@ -140,7 +141,7 @@ def loaded_programs() -> int:
     return len(_programs)
 
 
-def load_source(source: str, symbol: str, argtypes: list) -> "ctypes._CFuncPtr":
+def load_source(source: str, symbol: str, argtypes: list) -> CFuncPtr:
     """The function ``symbol`` of the C ``source``, compiled on first use, then cached on disk and in
     memory (``argtypes``: its ``ctypes`` argument types; it returns nothing). ``#include
     "lazykern.h"`` finds the header of :data:`INCLUDE_FOLDER`.
@@ -155,7 +156,7 @@ def load_source(source: str, symbol: str, argtypes: list) -> "ctypes._CFuncPtr":
     return _programs.get((source, symbol), lambda: _load_or_compile(source, (INCLUDE_FOLDER,), symbol, argtypes))
 
 
-def load_file(path: str, symbol: str, argtypes: list, defines: dict[str, str] | None = None) -> "ctypes._CFuncPtr":
+def load_file(path: str, symbol: str, argtypes: list, defines: dict[str, str] | None = None) -> CFuncPtr:
     """The function ``symbol`` of the C file ``path``, as :func:`load_source` with the file's own
     folder searched for headers after :data:`INCLUDE_FOLDER`, and each of ``defines`` a ``#define
     NAME VALUE`` line before the file's text (what a file leaves to its caller, such as an element
@@ -171,25 +172,29 @@ def load_file(path: str, symbol: str, argtypes: list, defines: dict[str, str] | 
         >>> scale(x); x[0]
         42.0
     """
-    defines = tuple((defines or {}).items())
+    definitions = tuple((defines or {}).items())
 
-    def build() -> ctypes._CFuncPtr:
+    def build() -> CFuncPtr:
         with open(path, encoding="utf-8") as f:
-            text = "".join(f"#define {name} {value}\n" for name, value in defines) + f.read()
+            text = "".join(f"#define {name} {value}\n" for name, value in definitions) + f.read()
         return _load_or_compile(text, (INCLUDE_FOLDER, os.path.dirname(os.path.abspath(path))), symbol, argtypes)
 
-    return _programs.get((path, defines, symbol), build)
+    return _programs.get((path, definitions, symbol), build)
 
 
 def command(source_file: str, lib: str, flags: str, include: tuple[str, ...]) -> list[str]:
     """The compiler's command line that builds the shared library ``lib`` from the C file
-    ``source_file`` with ``flags``, searching the folders ``include`` for headers in that order.
+    ``source_file`` with ``flags``, searching the folders ``include`` for headers in that order; a
+    ``RuntimeError`` where there is no :func:`compiler`.
 
     Example:
         >>> command("a.c", "a.so", "-O2", ("/h",))[1:]
         ['-O2', '-I/h', 'a.c', '-o', 'a.so', '-lm']
     """
-    return [compiler(), *flags.split(), *(f"-I{folder}" for folder in include), source_file, "-o", lib, "-lm"]
+    cxx = compiler()
+    if cxx is None:
+        raise RuntimeError("lazykern's CPU engines need a C compiler on PATH: $CXX, else g++")
+    return [cxx, *flags.split(), *(f"-I{folder}" for folder in include), source_file, "-o", lib, "-lm"]
 
 
 def _key(source: str, include: tuple[str, ...]) -> str:
@@ -205,7 +210,7 @@ def _key(source: str, include: tuple[str, ...]) -> str:
     return digest.hexdigest()[:24]
 
 
-def _load_or_compile(source: str, include: tuple[str, ...], symbol: str, argtypes: list) -> ctypes._CFuncPtr:
+def _load_or_compile(source: str, include: tuple[str, ...], symbol: str, argtypes: list) -> CFuncPtr:
     # Keyed by the source and its headers: a change of the code generator or of a header can never
     # load a stale library.
     key = _key(source, include)
@@ -233,14 +238,12 @@ def _load_or_compile(source: str, include: tuple[str, ...], symbol: str, argtype
 
 
 def _compile(source: str, include: tuple[str, ...], flags: str, lib: str) -> None:
-    if compiler() is None:
-        raise RuntimeError("lazykern's CPU engines need a C compiler on PATH: $CXX, else g++")
     src = lib[:-3] + ".c"
     tmp_src, tmp_lib = f"{lib[:-3]}.{os.getpid()}.tmp.c", f"{lib}.{os.getpid()}.tmp"
+    cmd = command(src, tmp_lib, flags, include)  # first: it raises where there is no compiler
     with open(tmp_src, "w") as f:
         f.write(source)
     os.replace(tmp_src, src)
-    cmd = command(src, tmp_lib, flags, include)
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

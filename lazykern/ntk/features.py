@@ -408,7 +408,7 @@ def _backward_way(timing: _BackwardTiming, differentiable: bool) -> str:
         return "loop"
     if timing.calls < len(_TIMED_WAYS):
         return _TIMED_WAYS[timing.calls]
-    return min(timing.seconds, key=timing.seconds.get)
+    return min(timing.seconds, key=timing.seconds.__getitem__)
 
 
 #: Per network (held weakly) and input kind: timing shared by every operator on that network (a
@@ -437,7 +437,8 @@ def _cotangents(
     k, n = out.shape[1], out.shape[0]
     eye = torch.eye(k, dtype=out.dtype, device=out.device)
     if way == "batched":
-        grads = list(torch.autograd.grad(out, wanted, grad_outputs=eye.unsqueeze(1).expand(k, n, k),
+        # Optional entries: allow_unused gives None for a tensor the outputs do not depend on.
+        grads: list[Tensor | None] = list(torch.autograd.grad(out, wanted, grad_outputs=eye.unsqueeze(1).expand(k, n, k),
                                          is_grads_batched=True, create_graph=differentiable, allow_unused=True))
     else:
         per_output = [
@@ -458,8 +459,8 @@ def _stack_samples_first(grads: tuple[Tensor, ...], buffers: dict[int, Tensor] |
     if buffers is None:
         return torch.stack(grads, dim=1).transpose(0, 1)
     g, buf = grads[0], buffers.get(slot)
-    fits = buf is not None and buf.shape[0] >= n and buf.shape[1:] == (len(grads), *rest)
-    if not fits or (buf.dtype, buf.device) != (g.dtype, g.device):
+    if buf is None or not (buf.shape[0] >= n and buf.shape[1:] == (len(grads), *rest)
+                           and (buf.dtype, buf.device) == (g.dtype, g.device)):
         buf = buffers[slot] = g.new_empty((n, len(grads), *rest))
     return torch.stack(grads, dim=1, out=buf[:n]).transpose(0, 1)
 
@@ -515,7 +516,7 @@ def stream(
     timing = _BACKWARD_TIMING.setdefault(net.model, {}).setdefault(
         (net.sample_shape, net.input_dtype, net.dtype, x.device.type), _BackwardTiming())
     timed = way is None
-    way, spent = (_backward_way(timing, differentiable) if timed else way), 0.0
+    way, spent = (_backward_way(timing, differentiable) if way is None else way), 0.0
     with recorder.recording(), torch.enable_grad():
         for start in range(0, n, step):
             rows = slice(start, min(n, start + step))
@@ -552,4 +553,5 @@ def extract(net: Network, tensors: dict[str, Tensor], x: Tensor, *, differentiab
         out[0] = write_terms(out[0], rows, terms, x.shape[0])
 
     stream(net, tensors, x, consume, way=way)
+    assert out[0] is not None  # x has samples: one batch at least
     return out[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping, cast, overload
 
 import torch
 from linear_operator.operators import LinearOperator
@@ -137,7 +137,8 @@ class NTKOperator(LinearOperator):
     def _full_batch(self) -> tuple[Tensor, Tensor]:
         """Both inputs expanded to the operator's batch shape (views)."""
         batch = self.batch_shape
-        return tuple(x.expand(*batch, *x.shape[len(self._batch(x)) :]) for x in (self.x1, self.x2))
+        x1, x2 = (x.expand(*batch, *x.shape[len(self._batch(x)) :]) for x in (self.x1, self.x2))
+        return x1, x2
 
     @property
     def _k(self) -> int:
@@ -152,20 +153,22 @@ class NTKOperator(LinearOperator):
     @property
     def num_outputs_per_input(self) -> tuple[int, int]:
         """Rows and columns per sample (``k`` in full mode, 1 in trace mode), as in ``KernelLinearOperator``."""
-        k = self.plan.k if self.plan.mode == "full" else 1
-        return k, k
+        return self._k, self._k
 
     def _transpose_nonbatch(self) -> "NTKOperator":
         return self._new(self.x2, self.x1)
 
     def _expand_batch(self, batch_shape: torch.Size) -> "NTKOperator":
-        return self._new(*(x.expand(*batch_shape, *x.shape[len(self._batch(x)) :]) for x in (self.x1, self.x2)))
+        x1, x2 = (x.expand(*batch_shape, *x.shape[len(self._batch(x)) :]) for x in (self.x1, self.x2))
+        return self._new(x1, x2)
 
     def _unsqueeze_batch(self, dim: int) -> "NTKOperator":
-        return self._new(*(x.unsqueeze(dim) for x in self._full_batch()))
+        x1, x2 = (x.unsqueeze(dim) for x in self._full_batch())
+        return self._new(x1, x2)
 
     def _permute_batch(self, *dims: int) -> "NTKOperator":
-        return self._new(*(x.permute(*dims, *range(len(dims), x.dim())) for x in self._full_batch()))
+        x1, x2 = (x.permute(*dims, *range(len(dims), x.dim())) for x in self._full_batch())
+        return self._new(x1, x2)
 
     # ------------------------------------------------------------------ features
     def _differentiable(self) -> bool:
@@ -277,7 +280,8 @@ class NTKOperator(LinearOperator):
         col_blocks = row_blocks if shared else products.split(n2, blocks)
         out = torch.zeros(n1 * k, n2 * k, dtype=self.dtype, device=self.device)
         for i, rows in enumerate(row_blocks):
-            f1 = first if i == 0 else feat.extract(self.network, self.tensors, x1[rows], differentiable=differentiable)
+            # the first row block's features were extracted above (and are dropped after it)
+            f1 = first if first is not None else feat.extract(self.network, self.tensors, x1[rows], differentiable=differentiable)
             first = None
             for cols in col_blocks[i if shared else 0 :]:
                 same = shared and cols == rows
@@ -299,8 +303,9 @@ class NTKOperator(LinearOperator):
         for item, x1, x2 in self._items():
             shared = self._shared(x1, x2)
             c1, c2 = self._cached(self.x1, item), self._cached(self.x2, item)
-            if not differentiable and c1 is not None and (shared or c2 is not None):
-                diags.append(products.diagonal(c1, c1 if shared else c2, mode))
+            other = c1 if shared else c2
+            if not differentiable and c1 is not None and other is not None:
+                diags.append(products.diagonal(c1, other, mode))
                 continue
             # stream sample batches: the diagonal needs no stored features, only O(N) output
             parts: list[Tensor] = []
@@ -374,7 +379,8 @@ class NTKOperator(LinearOperator):
             return super()._getitem(row_index, col_index, *batch_indices)
         axis1, axis2 = x1.dim() - 1 - self.sample_ndim, x2.dim() - 1 - self.sample_ndim
         new1, new2 = (x[(slice(None),) * axis + (sel,)] for x, axis, sel in ((x1, axis1, rows), (x2, axis2, cols)))
-        same = type(rows) is type(cols) and (rows == cols if isinstance(rows, slice) else torch.equal(rows, cols))
+        same = type(rows) is type(cols) and (  # then a tensor cols where rows is one
+            rows == cols if isinstance(rows, slice) else torch.equal(rows, cast(Tensor, cols)))
         if self.x1 is self.x2 and same:
             new2 = new1
         op = self._new(new1, new2)
@@ -466,6 +472,16 @@ def empirical_ntk(
         raise ValueError("block_size applies with out= only (the lazy operator plans its own blocks)")
     sample_ndim = x1.dim() - 1 if isinstance(x1, Tensor) else 0
     return make_operator(model, x1, x2, mode=mode, backend=backend, forms=forms, sample_ndim=sample_ndim, plan=plan)
+
+
+@overload
+def make_operator(model: nn.Module, x1: Tensor, x2: Tensor | None, *, mode: str, backend: str,
+                  forms: str | Mapping[str, str] | None, sample_ndim: int, plan: Literal[False] = False) -> NTKOperator: ...
+
+
+@overload
+def make_operator(model: nn.Module, x1: Tensor, x2: Tensor | None, *, mode: str, backend: str,
+                  forms: str | Mapping[str, str] | None, sample_ndim: int, plan: bool) -> NTKOperator | NTKPlan: ...
 
 
 def make_operator(

@@ -78,8 +78,8 @@ def choose_form(piece: Piece, mode: str, n1: int, n2: int, itemsize: int, shared
     budget = DENSE_CACHE.budget(_CPU if device is None else device)
     fitting = [f for f in piece.forms if memory[f] <= budget]
     if not fitting:
-        return min(piece.forms, key=memory.get)
-    return min(fitting, key=work.get)
+        return min(piece.forms, key=memory.__getitem__)
+    return min(fitting, key=work.__getitem__)
 
 
 def apply_forms(
@@ -232,9 +232,10 @@ def choose_backend(plan: NTKPlan, n1: int, n2: int, num_rhs: int, features_cache
         # KeOps can only repay its probe (and a reduction's launch) on products that take a while
         if pairwise / rates.dense > KEOPS_CANDIDATE_SECONDS:
             rates = measured_rates(device, plan.dtype, keops=True)
+            assert rates.keops is not None  # measured: keops=True
             low_rank = sum(p.matmul_macs(mode, n1, n2, num_rhs) for p in plan.pieces if p.form != "implicit")
             times["keops"] = extraction + pairwise / rates.keops + low_rank / rates.dense
-    return min(times, key=times.get)
+    return min(times, key=times.__getitem__)
 
 
 def dense_blocks(plan: NTKPlan, n1: int, n2: int, shared: bool) -> tuple[int, bool]:

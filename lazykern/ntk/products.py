@@ -23,7 +23,7 @@ distinct token and gather it back; blocks visit only the pairs of equal tokens.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -37,14 +37,23 @@ from .terms import Explicit, Implicit, Sparse, Term, index_terms, num_samples
 
 __all__ = ["BACKEND_ENGINES", "dense", "matmul", "diagonal", "entries"]
 
+K = TypeVar("K", Implicit, Explicit, Sparse)
+
 #: The engine an NTK backend's pairwise products ask the chooser for (:func:`lazykern.backend.preferred`):
 #: symbolic reductions for ``"keops"``, the chunked torch engine's matrix products (BLAS) for ``"dense"``.
 BACKEND_ENGINES = {"keops": "keops", "dense": "torch"}
 
 
-def _outputs(terms: list[Term]) -> int:
+def _outputs(terms: Sequence[Term]) -> int:
     t = terms[0]
     return (t.e if isinstance(t, Explicit) else t.g).shape[1]
+
+
+def _pair(kind: type[K], t1: Term, t2: Term) -> tuple[K, K]:
+    """The two sides' terms at one index, both of ``kind``: both sides' features come from one
+    network, layer by layer, so the kind of one side's term is the other's."""
+    assert isinstance(t1, kind) and isinstance(t2, kind)
+    return t1, t2
 
 
 def _pad(t: Tensor, padded: Callable[[int], int] | None) -> Tensor:
@@ -52,7 +61,7 @@ def _pad(t: Tensor, padded: Callable[[int], int] | None) -> Tensor:
     return F.pad(t, (0, width - t.shape[-1])) if width != t.shape[-1] else t
 
 
-def _rows(terms: list[Term], mode: str, padded: Callable[[int], int] | None = None,
+def _rows(terms: Sequence[Term], mode: str, padded: Callable[[int], int] | None = None,
           with_g: bool = True) -> tuple[Tensor, NTKFormula]:
     """Row features ``(N, R, T, D)`` of terms sharing a token count, and their formula.
 
@@ -76,6 +85,7 @@ def _rows(terms: list[Term], mode: str, padded: Callable[[int], int] | None = No
             e = _pad(term.e.flatten(1), padded)
             parts.append(NTKPart(None, add(e[:, None, None, :]), "one"))
             continue
+        assert isinstance(term, Implicit)  # sparse terms come here as_implicit
         n, k, t, h = term.g.shape
         a = term.a if term.similarity == "equal" else _pad(term.a, padded)
         a_range = add(a[:, None].expand(n, reps, t, a.shape[-1]))
@@ -165,17 +175,18 @@ def dense(f1: list[Term], f2: list[Term], mode: str) -> Tensor:
     for key, idx in _groups(f1).items():
         if key == "sparse":
             for i in idx:
-                out += _sparse_dense(f1[i], f2[i], mode).reshape(n1, r, n2, r)
+                out += _sparse_dense(*_pair(Sparse, f1[i], f2[i]), mode).reshape(n1, r, n2, r)
         elif key == "explicit":
             for i in idx:  # trace mode: rows are samples, (k P) features; full mode: (sample, output), P
-                e1, e2 = (f.e.reshape(f.e.shape[0] * r, -1) for f in (f1[i], f2[i]))
+                e1, e2 = (f.e.reshape(f.e.shape[0] * r, -1) for f in _pair(Explicit, f1[i], f2[i]))
                 for rows in blocks:  # columns from the block's first row: 0 unless symmetric
                     rs = slice(rows.start * r, rows.stop * r)
                     flat[rs, rows.start * r :].addmm_(e1[rs], e2[rows.start * r :].T)
         elif mode == "full":  # per term: the first factor per token pair, then the cotangents
             for i in idx:
-                _dense_full_implicit(f1[i], f2[i], blocks, add)
+                _dense_full_implicit(*_pair(Implicit, f1[i], f2[i]), blocks, add)
         else:  # trace mode: token rows (sample, token), in blocks of rows: one sample's can be large
+            assert isinstance(key, int)  # the token count of implicit terms
             t = key
             x1, formula = _rows([f1[i] for i in idx], mode)
             x2, _ = _rows([f2[i] for i in idx], mode)
@@ -226,18 +237,20 @@ def matmul(f1: list[Term], f2: list[Term], rhs: Tensor, mode: str, engine_name: 
     """
     n1, n2, k, c = num_samples(f1), num_samples(f2), _outputs(f1), rhs.shape[-1]
     out = rhs.new_zeros(n1, k, c) if mode == "full" else rhs.new_zeros(n1, c)
-    pairwise = []
-    for i, (t1, t2) in enumerate(zip(f1, f2)):
+    pairwise: list[tuple[Implicit, Implicit]] = []
+    for t1, t2 in zip(f1, f2):
         if isinstance(t1, Explicit):  # low rank: E1 (E2^T V)
-            e1, e2 = (t.e.flatten(1) if mode == "trace" else t.e.reshape(-1, t.e.shape[-1]) for t in (t1, t2))
+            e1, e2 = (t.e.flatten(1) if mode == "trace" else t.e.reshape(-1, t.e.shape[-1])
+                      for t in _pair(Explicit, t1, t2))
             out = out + (e1 @ (e2.T @ rhs)).view(out.shape)
         elif isinstance(t1, Sparse):
-            out = out + _sparse_matmul(t1, t2, rhs, mode)
+            out = out + _sparse_matmul(*_pair(Sparse, t1, t2), rhs, mode)
         else:
+            t1, t2 = _pair(Implicit, t1, t2)
             n, kk, t, h = t1.g.shape
             costs = implicit_matmul_macs(mode, n1, n2, t, t1.a.shape[-1], h, kk, c, t1.similarity == "equal")
             if engine_name == "keops" or costs["pairwise"] < costs["factored"]:
-                pairwise.append(i)
+                pairwise.append((t1, t2))
             elif t1.similarity == "equal":
                 out = out + _sparse_matmul(_as_sparse(t1), _as_sparse(t2), rhs, mode)
             else:
@@ -246,20 +259,19 @@ def matmul(f1: list[Term], f2: list[Term], rhs: Tensor, mode: str, engine_name: 
     choice = backend.preferred(BACKEND_ENGINES[engine_name], rhs.device) if pairwise else None
     padded = None if choice is None else choice.engine.padded_width
     if mode == "trace":
-        by_tokens: dict[int, list[int]] = {}
-        for i in pairwise:
-            by_tokens.setdefault(f1[i].tokens, []).append(i)
-        for t, idx in by_tokens.items():
-            x1, formula = _rows([f1[i] for i in idx], mode, padded)
-            x2, _ = _rows([f2[i] for i in idx], mode, padded)
+        by_tokens: dict[int, list[tuple[Implicit, Implicit]]] = {}
+        for pair in pairwise:
+            by_tokens.setdefault(pair[0].tokens, []).append(pair)
+        for t, pairs in by_tokens.items():
+            x1, formula = _rows([t1 for t1, _ in pairs], mode, padded)
+            x2, _ = _rows([t2 for _, t2 in pairs], mode, padded)
             w = backend.pairwise_matmul(
                 formula, x1.reshape(n1 * t, -1), x2.reshape(n2 * t, -1), {}, rhs.repeat_interleave(t, dim=0), choice
             )
             out = out + w.view(n1, t, c).sum(1)
         return out
     v = rhs.view(n2, k, c)
-    for i in pairwise:
-        t1, t2 = f1[i], f2[i]
+    for t1, t2 in pairwise:
         t, h = t1.g.shape[2], t1.g.shape[3]
         u = torch.einsum("jotH,joc->jtHc", t2.g, v).reshape(n2 * t, h * c)
         a1, formula = _rows([t1], mode, padded, with_g=False)
@@ -313,7 +325,7 @@ def _pairs_within(terms1: list[Term], terms2: list[Term], mode: str, k_index: tu
     for t1, t2 in zip(terms1, terms2):
         if not isinstance(t1, Explicit):
             continue
-        e1, e2 = t1.e, t2.e
+        e1, e2 = (t.e for t in _pair(Explicit, t1, t2))
         if k_index is not None:
             e1, e2 = e1[torch.arange(e1.shape[0]), k_index[0]], e2[torch.arange(e2.shape[0]), k_index[1]]
             value = (e1 * e2).sum(-1)
@@ -334,6 +346,7 @@ def _pairs_within(terms1: list[Term], terms2: list[Term], mode: str, k_index: tu
             x1, x2 = (x.squeeze(1) if mode == "trace" else x for x in (x1, x2))
         value = backend.elementwise(formula, x1.unsqueeze(-2), x2.unsqueeze(-3), {}).sum((-1, -2))
         total = value if total is None else total + value
+    assert total is not None  # a network has a trainable layer: one term at least
     return total
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -185,6 +185,8 @@ class Rule:
     #: The rule's name, as the plan's ``rule`` column shows it.
     name: ClassVar[str] = ""
 
+    # Each rule narrows ``module`` to the modules it matches, for type checkers only (TYPE_CHECKING: as
+    # a class annotation it would also narrow this argument in the API reference).
     def __init__(self, layer: str, module: nn.Module, trainable: set[str]) -> None:
         self.layer, self.module, self.trainable = layer, module, trainable
 
@@ -232,7 +234,7 @@ def _tensor(module: nn.Module, name: str) -> Tensor:
     return getattr(module, leaf)
 
 
-def _overrides(module: nn.Module, base: type) -> bool:
+def _overrides(module: nn.Module, base: type[nn.Module]) -> bool:
     return isinstance(module, base) and type(module).forward is base.forward
 
 
@@ -259,6 +261,7 @@ def _token_term(a: Tensor | None, g: Tensor, weight: bool, form: str) -> Term:
     the bias is trainable, unused without a trainable weight; ``g`` ``(N, k, T, H)``)."""
     if not weight:
         return Explicit(g.sum(2))
+    assert a is not None  # a trainable weight: its inputs are given
     if form == "implicit":
         return Implicit(a, g)
     n, k, t, h = g.shape
@@ -288,6 +291,8 @@ class LinearRule(Rule):
     """
 
     name = "linear"
+    if TYPE_CHECKING:
+        module: nn.Linear  # the modules it matches
 
     @classmethod
     def matches(cls, module: nn.Module) -> bool:
@@ -312,7 +317,7 @@ class LinearRule(Rule):
         return [[_token_term(a, _cot_tokens(g, axis, m.out_features), weight, piece.form)]]
 
 
-def unfold(x: Tensor, module: nn.Module, ones: bool = False) -> Tensor:
+def unfold(x: Tensor, module: nn.Conv1d | nn.Conv2d | nn.Conv3d, ones: bool = False) -> Tensor:
     r"""Input patches of a convolution per group: ``(N, C, *S)`` -> ``(N, P, G, C / G * prod(kernel_size))``,
     the columns ordered as the flattened weight ``(C_out, C_in / G, *kernel_size)`` reads them; with
     ``ones``, each group's patches end in a column of ones (:math:`\tilde U`). One copy either way:
@@ -348,6 +353,8 @@ class ConvRule(Rule):
     """
 
     name = "conv"
+    if TYPE_CHECKING:
+        module: nn.Conv1d | nn.Conv2d | nn.Conv3d  # the modules it matches
 
     @classmethod
     def matches(cls, module: nn.Module) -> bool:
@@ -358,7 +365,7 @@ class ConvRule(Rule):
 
     def capture(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> tuple[list[Capture], Any]:
         x = args[0] if args else kwargs["input"]
-        if x.dim() != output.dim() or x.dim() != len(module.kernel_size) + 2:
+        if x.dim() != output.dim() or x.dim() != len(self.module.kernel_size) + 2:  # module: self.module
             raise ValueError(f"module {self.layer!r} ({type(module).__name__}) needs batched inputs (N, C, ...)")
         return [Capture("", output, {"x": x})], None
 
@@ -382,7 +389,8 @@ class ConvRule(Rule):
         u, hg = unfold(c.ctx["x"], m, ones=bias), m.out_channels // m.groups
         terms = [_token_term(u[:, :, i], cot[..., i * hg : (i + 1) * hg], True, piece.form) for i in range(m.groups)]
         if piece.form == "explicit" and len(terms) > 1:
-            return [[Explicit(torch.cat([t.e for t in terms], dim=-1))]]
+            explicit = cast("list[Explicit]", terms)  # what _token_term gives in the explicit form
+            return [[Explicit(torch.cat([t.e for t in explicit], dim=-1))]]
         return [terms]
 
 
@@ -425,6 +433,8 @@ class LayerNormRule(_ScaleRule):
     """``nn.LayerNorm`` with elementwise affine parameters (any leading token axes)."""
 
     name = "layer_norm"
+    if TYPE_CHECKING:
+        module: nn.LayerNorm  # the modules it matches
 
     @classmethod
     def matches(cls, module: nn.Module) -> bool:
@@ -452,6 +462,8 @@ class GroupNormRule(_ChannelRule):
     """``nn.GroupNorm`` with affine parameters."""
 
     name = "group_norm"
+    if TYPE_CHECKING:
+        module: nn.GroupNorm  # the modules it matches
 
     @classmethod
     def matches(cls, module: nn.Module) -> bool:
@@ -465,6 +477,8 @@ class BatchNormRule(_ChannelRule):
     """``nn.BatchNorm1d/2d/3d`` in eval mode (running statistics), affine parameters."""
 
     name = "batch_norm"
+    if TYPE_CHECKING:
+        module: nn.modules.batchnorm._BatchNorm  # the modules it matches
 
     @classmethod
     def matches(cls, module: nn.Module) -> bool:
@@ -475,6 +489,7 @@ class BatchNormRule(_ChannelRule):
         # written out rather than F.batch_norm: for a single sample, whose strides also read as
         # channels-last, its CPU double backward returned the input gradient permuted (torch 2.13)
         m = self.module
+        assert m.running_mean is not None and m.running_var is not None  # eval mode: running statistics
         shape = (1, -1) + (1,) * (x.dim() - 2)
         return (x - m.running_mean.view(shape)) * torch.rsqrt(m.running_var.view(shape) + m.eps)
 
@@ -489,6 +504,8 @@ class EmbeddingRule(Rule):
     """
 
     name = "embedding"
+    if TYPE_CHECKING:
+        module: nn.Embedding  # the modules it matches
 
     @classmethod
     def matches(cls, module: nn.Module) -> bool:
@@ -515,7 +532,7 @@ class EmbeddingRule(Rule):
         ids = _tokens(c.ctx["ids"].unsqueeze(-1), axis, 1)[..., 0].long()
         cot = _cot_tokens(g, axis, m.embedding_dim)
         if m.padding_idx is not None:
-            cot = cot * (ids != m.padding_idx)[:, None, :, None].to(cot.dtype)
+            cot = cot * ids.ne(m.padding_idx)[:, None, :, None].to(cot.dtype)
         term = Sparse(ids, cot)
         return [[term if piece.form == "explicit" else term.as_implicit()]]
 
@@ -539,6 +556,8 @@ class MultiheadAttentionRule(Rule):
     """
 
     name = "attention"
+    if TYPE_CHECKING:
+        module: nn.MultiheadAttention  # the modules it matches
 
     @classmethod
     def matches(cls, module: nn.Module) -> bool:
@@ -563,7 +582,7 @@ class MultiheadAttentionRule(Rule):
         return [(label, names[i], "in_proj_bias", slice(i * e, (i + 1) * e)) for i, label in enumerate("qkv")]
 
     def capture(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> tuple[list[Capture], Any]:
-        m = module
+        m = self.module  # the module hooked: ``module``
         names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",
                  "is_causal")
         call = {**dict(zip(names, args)), **kwargs}
@@ -668,7 +687,7 @@ class FallbackRule(Rule):
                 batched = tuple(a.unsqueeze(0) if isinstance(a, Tensor) else a for a in args_b)
                 return functional_call(self.module, {**fixed, **p}, batched, kwargs)
 
-            _, pullback = vjp(f, {n: params[n] for n in names})
+            pullback = vjp(f, {n: params[n] for n in names})[1]
             return vmap(pullback)(g_b.unsqueeze(1))[0]
 
         grads = vmap(one, in_dims=(0, *in_dims))(cot.transpose(0, 1), *args)

@@ -45,7 +45,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sized
 
 import numpy as np
 import torch
@@ -78,7 +78,8 @@ class _Samples:
                 raise ValueError(f"{name}: a DataLoader must read its map-style dataset in order (shuffle=False, "
                                  "no sampler): the kernel's rows follow the dataset's order")
             self.collate, source = source.collate_fn, source.dataset
-        if isinstance(source, IterableDataset) or not (isinstance(source, (Tensor, Dataset))):
+        # A map-style dataset has a length (torch's Dataset does not declare one).
+        if isinstance(source, IterableDataset) or not (isinstance(source, (Tensor, Dataset)) and isinstance(source, Sized)):
             raise TypeError(f"{name} must be a torch.Tensor, a map-style torch.utils.data.Dataset or a DataLoader "
                             f"over one, got {type(source).__name__}")
         if isinstance(source, Tensor):
@@ -263,6 +264,7 @@ def _resume(dest: _Destination, fingerprints: dict[str, str]) -> set[tuple[int, 
     record = dest.read_record()
     if record is None:
         return set()
+    assert dest.path is not None and dest.record_path is not None  # a record: a file destination
     what = {"model": "the model's parameters or buffers", "x1": "x1", "x2": "x2",
             "job": "the mode, forms or tile size"}
     for key, text in what.items():
@@ -277,7 +279,7 @@ def _resume(dest: _Destination, fingerprints: dict[str, str]) -> set[tuple[int, 
 WAY_PROBE_SAMPLES = 256
 
 
-def _faster_way(network: feat.Network, tensors: Mapping[str, Tensor], x: Tensor, device: torch.device) -> str:
+def _faster_way(network: feat.Network, tensors: dict[str, Tensor], x: Tensor, device: torch.device) -> str:
     """The job's one backward way: the faster on ``x``, each timed once after an untimed warm-up (the
     first use of either loads what it needs). Both ways are exact but round differently, so the job
     keeps its way in the progress record: a resumed job writes the same bits as an uninterrupted one."""
@@ -290,7 +292,7 @@ def _faster_way(network: feat.Network, tensors: Mapping[str, Tensor], x: Tensor,
         feat.extract(network, tensors, x, way=way)
         synchronize(device)
         seconds[way] = time.perf_counter() - started
-    return min(seconds, key=seconds.get)
+    return min(seconds, key=seconds.__getitem__)
 
 
 def write_ntk(

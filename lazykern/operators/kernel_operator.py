@@ -181,8 +181,8 @@ class LazyKernelOperator(KernelLinearOperator):
         return super().__getitem__(index)
 
     def _get_indices(self, row_index: Any, col_index: Any, *batch_indices: Any) -> Tensor:
-        x1 = self.x1[(*batch_indices, row_index)]
-        x2 = self.x2[(*batch_indices, col_index)]
+        x1 = self.x1[batch_indices + (row_index,)]
+        x2 = self.x2[batch_indices + (col_index,)]
         # (*batch, 1, K) -> (*indexed, K): one parameter row per gathered entry.
         params = {name: p.squeeze(-2)[batch_indices] for name, p in self.tensor_params.items()}
         return backend.elementwise(self.covar_func, x1, x2, params)

@@ -119,6 +119,7 @@ def _reused_or_built(operator: AddedDiagLinearOperator) -> tuple[LinearOperator,
         entry[0] -= 1
         return entry[1]
     build = backend.preconditioner(kernel.covar_func, kernel.x1, kernel.tensor_params)
+    assert build is not None  # attach_grid_preconditioner attaches only where an engine has one
     noise = operator._diag_tensor.diagonal(dim1=-2, dim2=-1).detach().expand(operator.size(-1))
     with torch.no_grad():
         grid = build(noise, max_rank=_path_rank(*kernel.x1.shape))

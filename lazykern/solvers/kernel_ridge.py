@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..validation import check_choice, check_floating_matrix, check_positive_int, check_positive_number
 from .cg import CGResult, cg
-from .preconditioners import JacobiPreconditioner, PivotedCholeskyPreconditioner
+from .preconditioners import JacobiPreconditioner, PivotedCholeskyPreconditioner, Preconditioner
 
 __all__ = ["KernelRidge"]
 
@@ -179,6 +179,7 @@ class KernelRidge(RegressorMixin, BaseEstimator):
         with torch.no_grad():
             K = self._kernel_matrix(X, X)
             A = K.add_diagonal(torch.tensor(float(self.alpha), dtype=X.dtype, device=X.device))
+            precond: Preconditioner | None
             if self.precond == "nystrom":
                 precond = PivotedCholeskyPreconditioner(K, rank=self.rank, shift=float(self.alpha))
             elif self.precond == "jacobi":

@@ -28,6 +28,7 @@ import ctypes
 import os
 import threading
 from collections import OrderedDict
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -41,7 +42,9 @@ __all__ = ["REDUCTIONS", "gradients", "merged_order", "num_sources", "product"]
 #: family -> its walks with the reductions over the dimensions
 #: (:func:`lazykern.structured.combine.reduce`), called as ``(order, key, num_sources, values,
 #: parameter, scales, **uses)``, the parameter being Matérn's nu or the Gaussian's error bound.
-REDUCTIONS = {"matern": matern_reduce, "rbf": gauss_reduce}
+REDUCTIONS: dict[str, Callable[..., tuple[Tensor | None, Tensor | None, Tensor | None]]] = {
+    "matern": matern_reduce, "rbf": gauss_reduce,
+}
 
 #: Recent merged orders by the shapes and device of (sources, targets): a training step needs
 #: K(X, Z) and, backward, K(Z, X) (the same shapes when N = M), forward and backward. At most
@@ -138,7 +141,9 @@ def product(family: str, parameter: float, x1: Tensor, x2: Tensor, v: Tensor, sc
         >>> torch.allclose(product("matern", 1.5, x, x, v, torch.ones(3)), dense @ v, rtol=1e-12)
         True
     """
-    return _reduce(family, parameter, x1, x2, v, scales, out=True)[0]
+    result = _reduce(family, parameter, x1, x2, v, scales, out=True)[0]
+    assert result is not None  # asked for with out=True
+    return result
 
 
 def gradients(family: str, parameter: float, x1: Tensor, x2: Tensor, v: Tensor, scales: Tensor, grad: Tensor,

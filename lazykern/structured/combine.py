@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import pathlib
-from typing import Callable, Sequence
+from typing import Callable, Sequence, overload
 
 import torch
 from torch import Tensor
@@ -46,6 +46,14 @@ USES_ARGTYPES = [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] 
 
 def _pointer(t: Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
+
+
+@overload
+def _rows(t: Tensor) -> Tensor: ...
+
+
+@overload
+def _rows(t: Tensor | None) -> Tensor | None: ...
 
 
 def _rows(t: Tensor | None) -> Tensor | None:

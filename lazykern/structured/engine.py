@@ -51,7 +51,7 @@ __all__ = ["ENGINE", "AdditiveForm", "StructuredEngine", "additive_form"]
 
 def _parameter(formula: StationaryFormula, dtype: torch.dtype) -> float:
     """Matérn's nu, or the Gaussian's error bound for this dtype."""
-    if formula.family == "matern":
+    if formula.nu is not None:  # the Matérn family's, and only its
         return formula.nu
     return settings.structured_tolerance.for_dtype(dtype)
 
@@ -70,7 +70,8 @@ def _batched(x1: Tensor, x2: Tensor, scales: Tensor, rhs: Tensor) -> tuple[torch
     def flat(t: Tensor) -> Tensor:
         return t.expand(*batch, *t.shape[-2:]).reshape(-1, *t.shape[-2:])
 
-    f1, f2, fs, fr = flat(x1), None if one_set else flat(x2), flat(scales), flat(rhs)
+    f1, fs, fr = flat(x1), flat(scales), flat(rhs)
+    f2 = f1 if one_set else flat(x2)
     elements = []
     for b in range(f1.shape[0]):
         e1 = f1[b]  # one view for both sides: the sums walk the one set
@@ -170,7 +171,9 @@ class StructuredEngine(Engine):
             if not wanted:
                 return None, None, {name: None for name in params}
             # the form again, of the leaves: the plan's scales are of the parameters themselves
-            out = _product(additive_form(formula, leaves), x, x, right.detach())
+            form = additive_form(formula, leaves)
+            assert form is not None  # planned above
+            out = _product(form, x, x, right.detach())
             grads = iter(torch.autograd.grad(out, wanted, left.detach()))
         grad_x = next(grads) if x.requires_grad else None
         return grad_x, None, {name: next(grads) if p.requires_grad else None for name, p in leaves.items()}

@@ -112,6 +112,7 @@ def gauss_plan(tol: float, density: float = _DENSITY) -> tuple[int, float, float
         cost = 2 * p + p * p * (2 * (cutoff + h) / h + 1) / max(1.0, density * h)
         if best is None or cost < best[0]:
             best = (cost, p, h, cutoff + h / 2)
+    assert best is not None  # _WIDTHS is not empty
     return best[1], best[2], best[3]
 
 

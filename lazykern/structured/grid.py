@@ -49,7 +49,7 @@ from typing import Mapping, NamedTuple
 import torch
 from torch import Tensor
 
-from ..formulas import Scaled, StationaryFormula
+from ..formulas import Formula, Scaled, StationaryFormula
 from ..native import load_file
 from .forms import additive_form, plan
 
@@ -96,7 +96,7 @@ def cubic_weights(u: Tensor) -> Tensor:
     ], dim=-1)
 
 
-def additive_terms(formula: object, x: Tensor, params: Mapping[str, Tensor]) -> tuple[StationaryFormula, Tensor] | None:
+def additive_terms(formula: Formula, x: Tensor, params: Mapping[str, Tensor]) -> tuple[StationaryFormula, Tensor] | None:
     """The one-dimensional kernel and the per-dimension scales ``(*batch, 1, D)`` (outer scales
     folded in: :func:`lazykern.structured.engine.additive_form`) of a formula the structured engine
     takes on ``K(x, x)`` ; ``None`` for any other.
@@ -111,6 +111,7 @@ def additive_terms(formula: object, x: Tensor, params: Mapping[str, Tensor]) -> 
     if not plan(formula, x, x, params):
         return None
     form = additive_form(formula, params)
+    assert form is not None  # planned above
     return dataclasses.replace(form.terms, additive=False), form.scales
 
 

@@ -17,6 +17,7 @@ import hashlib
 import importlib.util
 import os
 import threading
+from typing import Any
 
 from ..cache_paths import triton_cache
 from ..compiler.plan import Reduction
@@ -44,12 +45,12 @@ def folder() -> str:
     return triton_cache()
 
 
-def load(red: Reduction) -> object:
+def load(red: Reduction) -> Any:  # a triton.JITFunction: Triton ships no type information
     """The ``@triton.jit`` kernel of ``red``, generated and imported on first use."""
     return _programs.get(red, lambda: _import(generate(red)))
 
 
-def _import(source: str) -> object:
+def _import(source: str) -> Any:
     digest = hashlib.sha256(source.encode()).hexdigest()[:24]
     where = folder()
     os.makedirs(where, exist_ok=True)
@@ -60,6 +61,7 @@ def _import(source: str) -> object:
             f.write(source)
         os.replace(tmp, path)
     spec = importlib.util.spec_from_file_location(f"lazykern_triton_{digest}", path)
+    assert spec is not None and spec.loader is not None  # a .py file: Python's source loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.lk_reduce

@@ -40,6 +40,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from ..compiler.ops import OPS, lookup
 from ..compiler.plan import Reduction, analyze
 from ..compiler.trace import Node
@@ -51,7 +53,7 @@ __all__ = ["generate"]
 _TINY = {"float": "1.1754943508222875e-38", "double": "2.2250738585072014e-308"}
 
 
-def _expm1(var: str, args: list[str], attr: object) -> list[str]:
+def _expm1(var: str, args: list[str], attr: Any) -> list[str]:
     r"""Statements setting ``var`` to :math:`e^x - 1`, accurate near 0 from ``exp`` and ``log`` alone
     (Kahan: the rounding error of :math:`u = e^x` cancels in :math:`(u - 1) x / \log u`); Triton has
     no ``expm1`` on every backend. Inline, not a helper kernel: the interpreter patches the language
@@ -66,7 +68,7 @@ def _expm1(var: str, args: list[str], attr: object) -> list[str]:
     ]
 
 
-def _pow(var: str, args: list[str], attr: object) -> list[str]:
+def _pow(var: str, args: list[str], attr: Any) -> list[str]:
     r"""``var = a ** p``: :math:`e^{p \log a}`, nan below 0 as C's ``pow`` for a non-integer ``p``;
     for an integer ``p`` (the tracer multiplies out only 2 to 16) C's ``pow`` is defined below 0:
     :math:`|a|^p`, negated for an odd ``p``."""
@@ -212,7 +214,7 @@ class _Writer:
                 cur[r] = var
             states.append(cur)
         if node.op == "esym":
-            return [states[d][r] for r in range(1, r_max + 1)]
+            return cast("list[str]", [states[d][r] for r in range(1, r_max + 1)])  # r_max <= d: all set above
         adj: list[str | None] = [None] + [self.ref(node.args[1], r - 1) for r in range(1, r_max + 1)]
         grads: list[str] = [""] * d
         for j in range(d, 0, -1):
