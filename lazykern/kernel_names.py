@@ -93,7 +93,7 @@ def default_num_projections(num_dims: int) -> int:
 
 FULL_SET_KERNELS: tuple[str, ...] = ("additive-rbf", "additive-matern52", *PROJECTED_KERNELS)
 """The kernels that train on every training point on a CPU (``lazykern uci``'s large-N recipe,
-:data:`lazykern.regression.LARGE_N`): sums of one-dimensional terms, whose products the structured
+:data:`lazykern.regression.recipe.LARGE_N`): sums of one-dimensional terms, whose products the structured
 engine computes in :math:`O(N J)` and whose solves its grid preconditions; the others cost
 :math:`O(N^2)` a product and train on a subset."""
 

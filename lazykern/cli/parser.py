@@ -51,7 +51,7 @@ DEFAULT_ITERS = 200
 parser answers before lazykern.regression (torch, GPyTorch) is imported."""
 
 LARGE_N_ITERS, LARGE_N_LR, LARGE_N_WARM_START, LARGE_N_WARM_START_ITERS = 150, 0.01, 2000, 150
-"""The large-N recipe's budget, step and warm start (:data:`lazykern.regression.LARGE_N`; tests/test_cli.py
+"""The large-N recipe's budget, step and warm start (:data:`lazykern.regression.recipe.LARGE_N`; tests/test_cli.py
 checks they agree), for the help text, which is answered before torch is imported."""
 
 PLOT_FORMATS = (".png", ".pdf", ".svg", ".eps", ".jpg", ".jpeg")

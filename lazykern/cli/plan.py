@@ -2,7 +2,7 @@
 point, and the recipe, from the flags, the device and the size of the data.
 
 On a CPU a dataset of more than :data:`~lazykern.cli.parser.CPU_DEFAULT_N_TRAIN` training points
-trains on all of them by the large-N recipe (:data:`lazykern.regression.LARGE_N`) when the kernel is
+trains on all of them by the large-N recipe (:data:`lazykern.regression.recipe.LARGE_N`) when the kernel is
 one it fits (:data:`~lazykern.kernel_names.FULL_SET_KERNELS`; by default
 :data:`~lazykern.kernel_names.LARGE_N_KERNEL`), and on a random subset of that many by the standard
 recipe otherwise, or when ``--n-train`` says how many (``--max-degree`` and ``--plot`` without

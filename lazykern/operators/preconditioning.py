@@ -37,9 +37,9 @@ from ..engine import Preconditioner
 
 __all__ = ["PATH_MAX_TERMS", "GridPreconditionerOperator", "attach_grid_preconditioner", "expire_reused", "grid_preconditioner"]
 
-#: On linear_operator's path the grid is given to sums of at most this many terms: its build costs
-#: about 8 J products of one column (J^2 / 2 blocks of 16 entries a point, against a product's few
-#: dozen operations per point and term), and a step that builds it saves at most the products of
+#: The most terms of a sum that gets the grid on linear_operator's path. Its build costs about 8 J
+#: products of one column (J^2 / 2 blocks of 16 entries a point, against a product's few dozen
+#: operations per point and term), and a step that builds it saves at most the products of
 #: unpreconditioned CG, a few hundred iterations of a dozen columns (docs/structured.rst).
 PATH_MAX_TERMS = 256
 

@@ -94,7 +94,7 @@ def predict(
     Variances use LOVE (``gpytorch.settings.fast_pred_var``), which is exact up to the Lanczos rank
     and costs one cached decomposition instead of one solve per test point, or, on the
     conjugate-gradient path with a kernel the structured engine's grid models, the grid model's own
-    posterior variance (:func:`grid_variance`), which resolves every eigenvalue LOVE's rank cannot.
+    posterior variance (:func:`~lazykern.regression.prediction.grid_variance`), which resolves every eigenvalue LOVE's rank cannot.
     On the Cholesky path
     (at most ``gpytorch.settings.max_cholesky_size`` training points) the prediction is GPyTorch's
     exact one. On the conjugate-gradient path the mean's weights :math:`\alpha` are solved by

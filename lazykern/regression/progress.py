@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Iterator
 
-__all__ = ["JobProgress", "Phase", "in_phase", "progress_bar"]
+__all__ = ["JobProgress", "Phase", "PhaseBar", "in_phase", "progress_bar"]
 
 
 @dataclass
@@ -59,7 +59,7 @@ class Phase:
         return self.seconds / self.units if self.units else None
 
 
-class _Bar:
+class PhaseBar:
     """What a training loop updates (``update``, ``set_postfix``, ``n``, like tqdm's bar), counting
     the units of one phase of a :class:`JobProgress`."""
 
@@ -111,13 +111,13 @@ class JobProgress:
         return self.phases[name].units
 
     @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[_Bar]:
+    def phase(self, name: str) -> Iterator[PhaseBar]:
         """Run phase ``name``: its bar counts units, its seconds are measured; a phase that ends
         before its budget (converged) leaves nothing of it to the estimate."""
         phase = self.phases[name]
         self.current, self.postfix, phase.started = phase, "", time.perf_counter()
         try:
-            yield _Bar(self, phase)
+            yield PhaseBar(self, phase)
         finally:
             phase.seconds += time.perf_counter() - phase.started
             phase.started = None
@@ -172,7 +172,8 @@ def _clock(seconds: float) -> str:
     return f"{minutes}:{seconds:02d}"
 
 
-def in_phase(progress: object, name: str) -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def in_phase(progress: object, name: str) -> Iterator[None]:
     """Phase ``name`` of ``progress`` where it is a :class:`JobProgress` that plans one; else nothing.
 
     Example:
@@ -182,8 +183,10 @@ def in_phase(progress: object, name: str) -> contextlib.AbstractContextManager:
         'fit'
     """
     if isinstance(progress, JobProgress) and name in progress.phases:
-        return progress.phase(name)
-    return contextlib.nullcontext()
+        with progress.phase(name):
+            yield
+    else:
+        yield
 
 
 @contextlib.contextmanager
@@ -200,7 +203,7 @@ def progress_bar(progress: bool | JobProgress, total: int, desc: str, phase: str
     """
     if isinstance(progress, JobProgress) and (phase is not None or progress.current is not None):
         if phase is None:
-            yield _Bar(progress, progress.current)
+            yield PhaseBar(progress, progress.current)
         else:
             with progress.phase(phase) as bar:
                 yield bar

@@ -205,7 +205,8 @@ def fit_ard(train_x: Tensor, train_y: Tensor, size: int = ARD_FIT_POINTS, iters:
             seed: int = 0) -> ArdFit:
     r"""The named ``rbf-ard`` kernel fitted exactly (Cholesky, L-BFGS) on a random subset of ``size``
     points (all of them where there are no more): its lengthscales and noise, what
-    :func:`ard_scaled_directions`, :func:`ard_noise_floor` and the recipe's ``ard_start`` take from it.
+    :func:`~lazykern.regression.ard_scaled_directions`, :func:`~lazykern.regression.ard_noise_floor` and
+    the recipe's ``ard_start`` take from it.
 
     Args:
         train_x, train_y: ``(n, d)`` and ``(n,)`` training data.
@@ -229,7 +230,8 @@ def fit_ard(train_x: Tensor, train_y: Tensor, size: int = ARD_FIT_POINTS, iters:
 def scale_learned_directions(kernel: torch.nn.Module, lengthscales: Tensor) -> None:
     r"""Divide the directions of every projected kernel in ``kernel`` that learns them by per-input
     ``lengthscales``: :math:`w_j \leftarrow \Lambda^{-1} w_j`, so that each projection starts at the
-    input scales an ARD kernel found (:func:`ard_scaled_directions` for a kernel already built).
+    input scales an ARD kernel found (:func:`~lazykern.regression.ard_scaled_directions` for a kernel
+    already built).
 
     Args:
         kernel: a kernel module (``ScaleKernel`` or not).
