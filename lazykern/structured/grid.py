@@ -33,7 +33,7 @@ weights and :math:`O(r^2)` for :math:`C`, whatever :math:`N`; building costs
 :math:`O(N d^2)` (the blocks :math:`W_d^\top D^{-1} W_e`, one histogram each) and
 :math:`O(r^3)`; an application costs :math:`O((N d + r^2) C)`.
 
-The grid's spacing is :data:`GRID_SPACING` lengthscales (at least :data:`MIN_GRID_POINTS` and at
+The grid's spacing is :func:`grid_spacing` lengthscales (at least :data:`MIN_GRID_POINTS` and at
 most :data:`MAX_GRID_POINTS` points per dimension). Everything is computed in float64.
 """
 
@@ -53,11 +53,16 @@ from ..formulas import Formula, Scaled, StationaryFormula
 from ..native import load_file
 from .forms import additive_form, plan
 
-__all__ = ["GRID_SPACING", "KEPT_FRACTION", "MAX_GRID_POINTS", "MAX_RANK", "MIN_GRID_POINTS", "AdditiveGrid",
+__all__ = ["GRID_SPACING", "KEPT_FRACTION", "MAX_GRID_POINTS", "MAX_RANK", "MAX_SPACING", "MIN_GRID_POINTS",
+           "MIN_SPACING", "AdditiveGrid", "grid_spacing",
            "additive_terms", "cubic_weights"]
 
-#: Grid spacing in lengthscales (inputs arrive divided by them).
-GRID_SPACING = 0.1
+#: Grid spacing in lengthscales (inputs arrive divided by them) of a term whose scale equals the
+#: noise; a term's spacing is this times (noise / scale)^(1/3), within [MIN_SPACING, MAX_SPACING]
+#: (:func:`grid_spacing`).
+GRID_SPACING = 0.2
+#: The finest and the coarsest spacing of a grid, in lengthscales.
+MIN_SPACING, MAX_SPACING = 0.05, 0.5
 #: Fewest grid points per dimension (before the interpolation's padding of three).
 MIN_GRID_POINTS = 16
 #: Most grid points per dimension (before the padding), so that wider columns get a coarser grid.
@@ -115,6 +120,27 @@ def additive_terms(formula: Formula, x: Tensor, params: Mapping[str, Tensor]) ->
     return dataclasses.replace(form.terms, additive=False), form.scales
 
 
+def grid_spacing(scales: Tensor, noise: float) -> Tensor:
+    r"""Each term's grid spacing in lengthscales: :data:`GRID_SPACING`
+    :math:`\cdot (\sigma^2 / s_d)^{1/3}` within [:data:`MIN_SPACING`, :data:`MAX_SPACING`].
+
+    Cubic convolution's error in a smooth kernel shrinks as the cube of the spacing, and what it
+    must stay below is the noise the preconditioner's :math:`D` holds: a term large against the
+    noise (a small-noise fit) needs a fine grid, one of the noise's size a coarse one, which costs a
+    fraction of the points (``docs/structured.rst`` has the iterations each took).
+
+    Args:
+        scales: ``(D,)`` the terms' scales :math:`s_d`.
+        noise: the smallest noise variance :math:`\sigma^2`.
+
+    Example:
+        >>> grid_spacing(torch.tensor([0.001, 0.01, 0.1, 100.0], dtype=torch.float64), 0.01).tolist()
+        [0.4308869380063768, 0.2, 0.09283177667225559, 0.05]
+    """
+    ratio = (noise / scales.clamp_min(torch.finfo(scales.dtype).tiny)).pow(1.0 / 3.0)
+    return (GRID_SPACING * ratio).clamp(MIN_SPACING, MAX_SPACING)
+
+
 def _csr(crow: Tensor, columns: Tensor, values: Tensor, shape: tuple[int, int], int32: bool) -> Tensor:
     """A CSR matrix, with 32-bit indices where they fit (a third less memory than 64-bit ones)."""
     kind = torch.int32 if int32 else torch.int64
@@ -133,12 +159,12 @@ class _Axes(NamedTuple):
     sizes: Tensor
 
     @classmethod
-    def spanning(cls, span: Tensor) -> "_Axes":
+    def spanning(cls, span: Tensor, spacing: Tensor) -> "_Axes":
         """The grids of the columns of ``span`` ``(N, D)``: ``m`` points from each column's smallest
-        to its largest value, :data:`GRID_SPACING` apart (between :data:`MIN_GRID_POINTS` and
+        to its largest value, ``spacing`` ``(D,)`` apart (between :data:`MIN_GRID_POINTS` and
         :data:`MAX_GRID_POINTS`), one more below and two more above."""
         lo, hi = span.min(0).values, span.max(0).values
-        m = ((hi - lo) / GRID_SPACING).ceil().long().add(1).clamp(MIN_GRID_POINTS, MAX_GRID_POINTS)
+        m = ((hi - lo) / spacing).ceil().long().add(1).clamp(MIN_GRID_POINTS, MAX_GRID_POINTS)
         step = torch.where(hi > lo, (hi - lo) / (m - 1), torch.ones_like(lo))
         return cls(lo, step, m + 3)
 
@@ -191,7 +217,7 @@ class AdditiveGrid:
         self.noise = noise
         self.inverse_noise = noise.reciprocal()
         span = x if extent is None else torch.cat([x, extent.detach().to(torch.float64)])
-        self.axes = _Axes.spanning(span)
+        self.axes = _Axes.spanning(span, grid_spacing(scales, float(noise.min())))
         self._offsets = torch.cat([torch.zeros(1, dtype=torch.int64), self.axes.sizes.cumsum(0)])
         below, weight = self.axes.locate(x)
         self.roots = self._roots_kept(kernel, scales, below, weight, max_rank)
