@@ -54,7 +54,7 @@ from ..native import load_file
 from .forms import additive_form, plan
 
 __all__ = ["GRID_SPACING", "KEPT_FRACTION", "MAX_GRID_POINTS", "MAX_RANK", "MAX_SPACING", "MIN_GRID_POINTS",
-           "MIN_SPACING", "AdditiveGrid", "grid_spacing",
+           "MIN_SPACING", "TAIL_FRACTION", "CLIP_BELOW", "HEAVY_TAIL", "AdditiveGrid", "grid_spacing",
            "additive_terms", "cubic_weights"]
 
 #: Grid spacing in lengthscales (inputs arrive divided by them) of a term whose scale equals the
@@ -63,6 +63,15 @@ __all__ = ["GRID_SPACING", "KEPT_FRACTION", "MAX_GRID_POINTS", "MAX_RANK", "MAX_
 GRID_SPACING = 0.2
 #: The finest and the coarsest spacing of a grid, in lengthscales.
 MIN_SPACING, MAX_SPACING = 0.05, 0.5
+#: The grid of a term whose scale is at most CLIP_BELOW times the noise, on a heavy-tailed column
+#: (the middle between this quantile and one minus it less than HEAVY_TAIL of the whole range), spans
+#: only that middle: the points beyond take no part in that term's low-rank part (their rows of W are
+#: zero there), which changes P by less than its diagonal D does, so that a few outliers do not
+#: stretch the grid over hundreds of lengthscales (measured: docs/structured.rst). Other terms keep
+#: every point on their grids: a point off a term large against the noise costs iterations.
+TAIL_FRACTION = 1e-3
+CLIP_BELOW = 0.1
+HEAVY_TAIL = 0.3
 #: Fewest grid points per dimension (before the interpolation's padding of three).
 MIN_GRID_POINTS = 16
 #: Most grid points per dimension (before the padding), so that wider columns get a coarser grid.
@@ -152,33 +161,46 @@ def _csr(crow: Tensor, columns: Tensor, values: Tensor, shape: tuple[int, int], 
 class _Axes(NamedTuple):
     """Every term's grid: term ``d`` has ``sizes[d]`` points from ``lo[d] - step[d]`` to
     ``lo[d] + (sizes[d] - 2) step[d]`` (the interpolation's padding included); a value ``t`` sits at
-    ``(t - lo) / step + 1`` in grid units."""
+    ``(t - lo) / step + 1`` in grid units. Where ``clipped[d]``, the grid spans only the middle of its
+    column and values beyond ``[lo[d], hi[d]]`` stay off it."""
 
     lo: Tensor
+    hi: Tensor
     step: Tensor
     sizes: Tensor
+    clipped: Tensor
 
     @classmethod
-    def spanning(cls, span: Tensor, spacing: Tensor) -> "_Axes":
+    def spanning(cls, span: Tensor, spacing: Tensor, clip: Tensor) -> "_Axes":
         """The grids of the columns of ``span`` ``(N, D)``: ``m`` points from each column's smallest
-        to its largest value, ``spacing`` ``(D,)`` apart (between :data:`MIN_GRID_POINTS` and
+        to its largest value (where ``clip`` and the column is heavy-tailed, :data:`HEAVY_TAIL`, from
+        its :data:`TAIL_FRACTION` quantile to its ``1 - TAIL_FRACTION`` one), ``spacing`` ``(D,)`` apart (between :data:`MIN_GRID_POINTS` and
         :data:`MAX_GRID_POINTS`), one more below and two more above."""
         lo, hi = span.min(0).values, span.max(0).values
+        k = int(TAIL_FRACTION * span.shape[0])
+        if k and bool(clip.any()):
+            middle_lo, middle_hi = span.kthvalue(k, dim=0).values, span.kthvalue(span.shape[0] + 1 - k, dim=0).values
+            clipped = clip & (middle_hi - middle_lo < HEAVY_TAIL * (hi - lo))
+            lo, hi = torch.where(clipped, middle_lo, lo), torch.where(clipped, middle_hi, hi)
+        else:
+            clipped = torch.zeros_like(clip)
         m = ((hi - lo) / spacing).ceil().long().add(1).clamp(MIN_GRID_POINTS, MAX_GRID_POINTS)
         step = torch.where(hi > lo, (hi - lo) / (m - 1), torch.ones_like(lo))
-        return cls(lo, step, m + 3)
+        return cls(lo, hi, step, m + 3, clipped)
 
     def nodes(self, d: int) -> Tensor:
         return self.lo[d] + self.step[d] * torch.arange(-1, int(self.sizes[d]) - 1, dtype=torch.float64)
 
     def locate(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """The grid point at or below each value of ``x`` ``(N, D)`` on its term's grid (its four are
-        that one - 1 to + 2), ``(N, D)``, and the weights ``(N, D, 4)``; values beyond a grid take its
-        end cells' weights."""
+        that one - 1 to + 2), ``(N, D)``, and the weights ``(N, D, 4)``; values beyond a clipped
+        grid have none (zeros), beyond another one its end cells' weights."""
         last = (self.sizes - 3).to(x)
         u = torch.minimum(((x - self.lo) / self.step + 1.0).clamp_min(1.0), last)
         below = torch.minimum(torch.floor(u).clamp_min(1), last).long()  # the last point sits at u = m: (0, 1, 0, 0)
-        return below.contiguous(), cubic_weights(u).contiguous()
+        weights = cubic_weights(u)
+        off = self.clipped & ((x < self.lo) | (x > self.hi))
+        return below.contiguous(), weights.masked_fill(off[..., None], 0.0).contiguous()
 
 
 class AdditiveGrid:
@@ -216,8 +238,11 @@ class AdditiveGrid:
         self.num_points = n
         self.noise = noise
         self.inverse_noise = noise.reciprocal()
+        # A term small against the noise may leave its outliers off the grid (they change P by less
+        # than D does); test points must lie on the grids whose variance they ask (extent): no clipping.
+        clip = (scales <= CLIP_BELOW * float(noise.min())) & (extent is None)
         span = x if extent is None else torch.cat([x, extent.detach().to(torch.float64)])
-        self.axes = _Axes.spanning(span, grid_spacing(scales, float(noise.min())))
+        self.axes = _Axes.spanning(span, grid_spacing(scales, float(noise.min())), clip)
         self._offsets = torch.cat([torch.zeros(1, dtype=torch.int64), self.axes.sizes.cumsum(0)])
         below, weight = self.axes.locate(x)
         self.roots = self._roots_kept(kernel, scales, below, weight, max_rank)
