@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Callable, Iterator, NamedTuple, Sequence
 
+import linear_operator
 import torch
 from gpytorch.kernels import Kernel
 
@@ -210,6 +211,17 @@ def _run(kernel: Kernel, dims: int, columns: Sequence[int], gradients: bool, dty
             torch.autograd.grad(dense.sum(), params, allow_unused=True)
         # CG's products on the dense cache (the CPU engine's few-column loop, where it applies).
         backend.dense_matmul(dense.detach(), torch.ones(*dense.shape[:-1], 2, dtype=dtype, device=device))
+    _precondition(kernel, x)
+
+
+def _precondition(kernel: Kernel, x: torch.Tensor) -> None:
+    """Build and apply the preconditioner CG would get for ``K(X, X)`` plus noise (an engine's own,
+    such as the structured engine's grid, whose programs compile on first use), whatever the size."""
+    with torch.no_grad(), linear_operator.settings.min_preconditioning_size(0):
+        noisy = kernel(x, x).evaluate_kernel().add_diagonal(torch.tensor(0.1, dtype=x.dtype, device=x.device))
+        closure = noisy._preconditioner()[0]
+        if closure is not None:
+            closure(torch.ones(*x.shape[:-1], 1, dtype=x.dtype, device=x.device))
 
 
 def _report(before: list[ProgramCount], after: list[ProgramCount], watched: list[str], seconds: float) -> PrecompileReport:

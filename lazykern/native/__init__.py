@@ -73,6 +73,7 @@ CACHE_ENV = CPU_CACHE_ENV  # named with the other engines' folders, in lazykern.
 
 _LOCK_TIMEOUT_S = 1800
 _programs = Programs()  # by source text and include folders, or by file and defines
+_libraries: set[str] = set()  # the shared libraries loaded, one per program whatever its symbols
 
 #: (library name, seconds) of each compile this process ran, for reports and benchmarks.
 compile_log: list[tuple[str, float]] = []
@@ -138,7 +139,7 @@ def loaded_programs() -> int:
         >>> loaded_programs() >= 0
         True
     """
-    return len(_programs)
+    return len(_libraries)
 
 
 def load_source(source: str, symbol: str, argtypes: list) -> CFuncPtr:
@@ -232,6 +233,7 @@ def _load_or_compile(source: str, include: tuple[str, ...], symbol: str, argtype
                 f"running, delete {lock.lock_file}"
             ) from err
     fn = getattr(ctypes.CDLL(lib), symbol)
+    _libraries.add(lib)
     fn.restype = None
     fn.argtypes = argtypes
     return fn
