@@ -376,7 +376,7 @@ def render(meta: dict, records: list[dict]) -> None:
     for name, table in found.items():
         text += [captions[name], ""] + rst(table)
     text += [f"* {n}" for n in notes] + ([""] if notes else [])
-    text += [READING.replace("{stepped_in}", "\n".join(stepped_in(records)) or "(none)"), ""]
+    text += [READING.replace("{stepped_in}", "\n".join(stepped_in(records)) or "(none)"), "", EVERY_POINT]
     DOCS.write_text("\n".join(text))
 
 
@@ -393,6 +393,18 @@ def stepped_in(records: list[dict]) -> list[str]:
             lines.append(f"* {r['dataset']} / split {r['split']} / ``{r['kernel']}``: {'; '.join(said)}.")
     return lines
 
+
+#: The full-training-set table of the large-N recipe, written by ``benchmarks/uci_full.py``.
+EVERY_POINT = """\
+Every training point
+--------------------
+
+Every training point of each split, exact (no subset, no inducing points in the final model), on a
+CPU: ``lazykern uci NAME`` with no flag, which takes the large-N recipe (:doc:`large_n`), against
+GPyTorch's SVGP given the same wall-clock time in the same run.
+
+.. include:: uci_full.inc
+"""
 
 READING = """\
 Training that does not fail

@@ -13,10 +13,9 @@ the factorization's :math:`n^3/3`. The gradient has a closed form,
     \frac{\partial}{\partial K}\,\bigl(r^\top K^{-1} r\bigr) = -\alpha\alpha^\top, \qquad
     \frac{\partial}{\partial K}\,\log\lvert K\rvert = K^{-1}, \qquad \alpha = K^{-1} r,
 
-and :math:`K^{-1}` from the factor (``torch.cholesky_inverse``) costs :math:`2n^3/3`. At 5,000
-points (one thread, float32, UCI protein) the Cholesky backward took as long as the gradient pass of
-a projected kernel with 144 terms: ``benchmarks/results/exact-mll.md`` has the step times of both
-likelihoods, measured in one run.
+and :math:`K^{-1}` from the factor (``torch.cholesky_inverse``) costs :math:`2n^3/3`: for projected
+kernels with many terms the Cholesky backward costs as much as the kernel's own gradient pass
+(``benchmarks/results/exact-mll.md`` has the step times of both likelihoods, measured in one run).
 """
 
 from __future__ import annotations
