@@ -151,7 +151,8 @@ def write_terms(dest: list[Term] | None, rows: slice, src: list[Term], total: in
 
 
 def _owns_storage(v: Tensor) -> bool:
-    return v.is_contiguous() and v.storage_offset() == 0 and v.untyped_storage().nbytes() == v.numel() * v.element_size()
+    return bool(v.is_contiguous() and v.storage_offset() == 0
+                and v.untyped_storage().nbytes() == v.numel() * v.element_size())
 
 
 def index_terms(terms: list[Term], idx: slice | Tensor) -> list[Term]:
