@@ -194,7 +194,7 @@ def main() -> None:
 
 
 def _number(value: float | None, digits: int) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+    return "–" if value is None else f"{value:.{digits}f}"  # an en dash: a lone "-" is a bullet in reST
 
 
 def rows(records: list[dict]) -> list[list[str]]:
@@ -210,7 +210,7 @@ def rows(records: list[dict]) -> list[list[str]]:
                           f"{lk['wall_seconds']:.0f} s", "", "", "", "", where])
             continue
         svgp = ([_number(sv["rmse"], 4), _number(sv["nlpd"], 3), str(sv["epochs"])] if "rmse" in sv
-                else ([f"failed: {sv['error']}", "", ""] if sv else ["-", "-", "-"]))
+                else ([f"failed: {sv['error']}", "", ""] if sv else ["–", "–", "–"]))
         table.append([r["dataset"], str(r["split"]), f"{lk['n_train']:,}", lk["kernel"], _number(lk["rmse"], 4),
                       _number(lk["nlpd"], 3), f"{lk['wall_seconds']:.0f} s", f"{lk['peak_rss_mb']:.0f} MB", *svgp,
                       where])
@@ -231,13 +231,13 @@ def means(records: list[dict]) -> list[list[str]]:
         svgp = [r["svgp"]["rmse"] for r in runs if "rmse" in (r.get("svgp") or {})]
         walls = sorted(r["lazykern"]["wall_seconds"] for r in runs)
         table.append([dataset, ", ".join(str(r["split"]) for r in runs), f"{ours:.4f}",
-                      f"{sum(svgp) / len(svgp):.4f}" if svgp else "-", f"{WANG_EXACT[dataset]:.3f}",
+                      f"{sum(svgp) / len(svgp):.4f}" if svgp else "–", f"{WANG_EXACT[dataset]:.3f}",
                       f"{WANG_SVGP[dataset]:.3f}", f"{walls[len(walls) // 2] / 60:.1f} min"])
     return table
 
 
 INTRO = ("`python benchmarks/uci_full.py`: each run in its own subprocess under an 8 GB address-space limit. Test "
-         "RMSE / NLPD in standardized units (NLPD \"-\" where the variance check withheld it); wall time of the whole "
+         "RMSE / NLPD in standardized units (NLPD \"–\" where the variance check withheld it); wall time of the whole "
          "command (data loading, training, prediction, variance check); SVGP (GPyTorch, 1,024 inducing points, ARD "
          "Matérn-3/2, Adam 0.01, batches of 1,024) trained for the recipe's wall time on the same split. Wang et al. "
          "(NeurIPS 2019) trained on 64 % of each dataset, one V100; our splits train on 90 %.")
