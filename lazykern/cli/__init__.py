@@ -14,7 +14,7 @@ Usage::
 
 The default kernel is :data:`~lazykern.kernel_names.DEFAULT_KERNEL` (``additive-ng``) up to 2,000
 training points, and on a CPU above that :data:`~lazykern.kernel_names.LARGE_N_KERNEL` on all of them
-by :data:`lazykern.regression.LARGE_N` (``docs/large_n.rst``), trained by
+by :data:`lazykern.regression.recipe.LARGE_N` (``docs/large_n.rst``), trained by
 :func:`lazykern.regression.fit_evaluate` with the :class:`~lazykern.regression.Recipe` the flags
 describe (``--optimizer``, ``--iters``, ``--lr``, ``--tolerance``, ``--max-cholesky``,
 ``--warm-start``, ``--warm-start-iters``, ``--noise-floor``). The report goes to stdout: test RMSE and NLPD next to the mean predictor's (RMSE
